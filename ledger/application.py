@@ -1,0 +1,173 @@
+"""The ledger application: submit events, get receipts.
+
+One batch is one transaction: the events, their client ids, the projection
+rows they change and the projection's tracking position commit together,
+so a reported append is durable and nothing is ever half-written.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+from ledger import events
+from ledger.domain import AlreadyPlaced, Cluster, touched_by
+from ledger.errors import InvalidEvent, RuleViolation
+from ledger.events import Event
+from ledger.model import Fact
+from ledger.records import REJECTED, Record, encode, replay
+from ledger.store import Store, open_store
+from projections.rows import Statements, TableSource, write_changes
+
+Submission = Event | dict[str, Any] | str | bytes
+
+
+@dataclass(frozen=True, slots=True)
+class Receipt:
+    """What became of one submitted event."""
+
+    status: str  # appended | duplicate | rejected | invalid
+    position: int | None = None
+    error: str | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.status in ("appended", "duplicate")
+
+    def as_dict(self) -> dict[str, Any]:
+        result: dict[str, Any] = {"status": self.status, "position": self.position}
+        if self.error is not None:
+            result["error"] = self.error
+        return result
+
+
+def now() -> datetime:
+    return datetime.now(UTC)
+
+
+class Ledger:
+    """Decides events against the current state and appends them in order."""
+
+    def __init__(self, store: Store) -> None:
+        self.store = store
+        self.sql = Statements(store.param)
+        self.source = TableSource(self.sql)
+        self.cluster = Cluster(self.source)
+        self._head: int | None = None
+
+    @classmethod
+    def open(cls, url: str | None = None) -> Ledger:
+        return cls(open_store(url))
+
+    def close(self) -> None:
+        self.store.close()
+
+    def __enter__(self) -> Ledger:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def submit(self, event: Submission) -> Receipt:
+        """Submit one event; the receipt says whether it was appended."""
+        return self.submit_batch([event])[0]
+
+    def submit_many(self, stream: Iterable[Submission], batch: int = 1000) -> Iterator[Receipt]:
+        """Submit a stream in batches; yield each receipt once its batch is durable."""
+        pending: list[Submission] = []
+        for item in stream:
+            pending.append(item)
+            if len(pending) >= batch:
+                yield from self.submit_batch(pending)
+                pending = []
+        if pending:
+            yield from self.submit_batch(pending)
+
+    def submit_batch(self, items: list[Submission]) -> list[Receipt]:
+        """Validate, decide and append a batch in one transaction."""
+        parsed: list[Event | Receipt] = [self._parse(item) for item in items]
+        valid = [p for p in parsed if isinstance(p, Event)]
+        if not valid:
+            return [p for p in parsed if isinstance(p, Receipt)]
+        try:
+            with self.store.writing() as cursor:
+                decided = self._decide(cursor, valid)
+        except BaseException:
+            self.cluster.forget()
+            self._head = None
+            raise
+        answers = iter(decided)
+        return [p if isinstance(p, Receipt) else next(answers) for p in parsed]
+
+    @staticmethod
+    def _parse(item: Submission) -> Event | Receipt:
+        if isinstance(item, Event):
+            return item
+        try:
+            return events.parse(item)
+        except InvalidEvent as error:
+            return Receipt("invalid", error=str(error))
+
+    def _decide(self, cursor: Any, batch: list[Event]) -> list[Receipt]:
+        head = self.store.head(cursor)
+        self.source.cursor = cursor
+        if head != self._head:
+            self.cluster.forget()  # another process wrote since we last did
+            self._catch_up(cursor, head)
+        known = self.store.known_ids(cursor, [e.id for e in batch if e.id is not None])
+        recorded_at = events.timestamp(now())
+        receipts: list[Receipt] = []
+        kept = []
+        new_ids = []
+        for event in batch:
+            if event.id is not None and event.id in known:
+                receipts.append(Receipt("duplicate", known[event.id]))
+                continue
+            record = self._record(event, head + 1, recorded_at)
+            if isinstance(record, Receipt):
+                receipts.append(record)
+                continue
+            head = record.position
+            kept.append(encode(record))
+            if event.id is not None:
+                known[event.id] = head
+                new_ids.append((event.id, head))
+            if record.rejected:
+                receipts.append(Receipt("rejected", head, record.reason))
+            else:
+                receipts.append(Receipt("appended", head))
+        if kept:
+            self.store.append(cursor, kept)
+            self.store.remember_ids(cursor, new_ids)
+            write_changes(cursor, self.sql, self.cluster.take_changes())
+            self.store.track(cursor, head)
+        self._head = head
+        return receipts
+
+    def _record(self, event: Event, position: int, recorded_at: str) -> Record | Receipt:
+        data = events.canonical(event, datetime.fromisoformat(recorded_at))
+        fact = Fact(position, data["at"])
+        try:
+            touches = self.cluster.apply(event, fact)
+        except AlreadyPlaced as same:
+            return Receipt("duplicate", same.position)
+        except RuleViolation as violation:
+            self.cluster.reject(data, str(violation), fact)
+            return Record(position, REJECTED, data, recorded_at, [], str(violation))
+        named = set(touched_by(data))
+        effects = sorted({t for t in touches if t not in named})
+        return Record(position, event.type, data, recorded_at, effects)  # type: ignore[attr-defined]
+
+    def _catch_up(self, cursor: Any, head: int) -> None:
+        """Bring the projection tables to the head of the log before deciding."""
+        tracked = self.store.tracked(cursor)
+        if tracked >= head:
+            return
+        from ledger.records import decode
+
+        for stored in self.store.read_log(tracked, head):
+            replay(self.cluster, decode(stored))
+            write_changes(cursor, self.sql, self.cluster.take_changes())
+        self.store.track(cursor, head)

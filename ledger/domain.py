@@ -1,0 +1,630 @@
+"""The cluster: every rule of SPEC section 2, decided before anything changes.
+
+``Cluster.apply(event, fact)`` first runs the ``check_*`` methods of the
+event's handler (which raise a named ``RuleViolation`` and change nothing),
+then evolves the entities. Entities are loaded lazily from a ``StateSource``
+(the projection tables of a store, or nothing at all for an in-memory
+replay) and every change is remembered until ``take_changes()``, so deciding
+an event costs the same whatever the length of history.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from ledger import errors
+from ledger.errors import RuleViolation
+from ledger.events import (
+    AllocPlaced,
+    AllocRemoved,
+    AllocRemoveRequested,
+    AllocStopRequested,
+    AllocUpdated,
+    Event,
+    HealthChecked,
+    Heartbeat,
+    HeartbeatMissed,
+    NodeDown,
+    NodeRegistered,
+    NodeRemoved,
+    NodeSuspected,
+)
+from ledger.model import (
+    DESIRED_ORDER,
+    AddressHold,
+    Allocation,
+    AllocState,
+    Fact,
+    Node,
+    Rejection,
+    Slot,
+)
+
+
+class AlreadyPlaced(errors.LedgerError):
+    """The same placement again: a no-op, reported ``duplicate``."""
+
+    def __init__(self, position: int) -> None:
+        super().__init__("the same placement is already in the ledger")
+        self.position = position
+
+
+class StateSource(Protocol):
+    """Where entities not yet in memory come from."""
+
+    def load_node(self, node: str) -> Node | None: ...
+    def load_slots(self, node: str) -> list[Slot]: ...
+    def load_alloc(self, alloc: str) -> Allocation | None: ...
+    def load_address(self, address: str) -> AddressHold | None: ...
+    def load_live_allocs(self, node: str) -> set[str]: ...
+    def load_children(self, node: str) -> set[str]: ...
+
+
+class EmptySource:
+    """No stored state: the cluster in memory is all there is (replays)."""
+
+    def load_node(self, node: str) -> Node | None:
+        return None
+
+    def load_slots(self, node: str) -> list[Slot]:
+        return []
+
+    def load_alloc(self, alloc: str) -> Allocation | None:
+        return None
+
+    def load_address(self, address: str) -> AddressHold | None:
+        return None
+
+    def load_live_allocs(self, node: str) -> set[str]:
+        return set()
+
+    def load_children(self, node: str) -> set[str]:
+        return set()
+
+
+@dataclass
+class Changes:
+    """What changed since the last ``take_changes()``, ready to be written."""
+
+    nodes: list[Node] = field(default_factory=list)
+    slots: list[Slot] = field(default_factory=list)
+    allocs: list[Allocation] = field(default_factory=list)
+    held: list[AddressHold] = field(default_factory=list)
+    released: list[str] = field(default_factory=list)
+    alloc_states: list[AllocState] = field(default_factory=list)
+    rejections: list[Rejection] = field(default_factory=list)
+
+
+_MISSING = object()
+
+
+class Cluster:
+    """The current state of the cluster, as far as history has been applied."""
+
+    def __init__(self, source: StateSource | None = None) -> None:
+        self.source: StateSource = source or EmptySource()
+        self.nodes: dict[str, Node | None] = {}
+        self.slot_tables: dict[str, list[Slot]] = {}
+        self.allocs: dict[str, Allocation | None] = {}
+        self.addresses: dict[str, AddressHold | None] = {}
+        self.live: dict[str, set[str]] = {}
+        self.children: dict[str, set[str]] = {}
+        self._dirty_nodes: dict[str, Node] = {}
+        self._dirty_slots: dict[tuple[str, int], Slot] = {}
+        self._dirty_allocs: dict[str, Allocation] = {}
+        self._dirty_addresses: dict[str, AddressHold | None] = {}
+        self._alloc_states: list[AllocState] = []
+        self._rejections: list[Rejection] = []
+        self._touched: list[str] = []
+        self._handlers: dict[str, Callable[[Event, Fact], None]] = {
+            "node-registered": self.register_node,  # type: ignore[dict-item]
+            "heartbeat": self.heartbeat,  # type: ignore[dict-item]
+            "heartbeat-missed": self.miss_heartbeat,  # type: ignore[dict-item]
+            "node-down": self.mark_down,  # type: ignore[dict-item]
+            "node-removed": self.remove_node,  # type: ignore[dict-item]
+            "node-suspected": self.suspect,  # type: ignore[dict-item]
+            "health-checked": self.check_health,  # type: ignore[dict-item]
+            "alloc-placed": self.place,  # type: ignore[dict-item]
+            "alloc-updated": self.report_status,  # type: ignore[dict-item]
+            "alloc-stop-requested": self.request_stop,  # type: ignore[dict-item]
+            "alloc-remove-requested": self.request_remove,  # type: ignore[dict-item]
+            "alloc-removed": self.reap,  # type: ignore[dict-item]
+        }
+
+    # -- the one entry point -------------------------------------------------
+
+    def apply(self, event: Event, fact: Fact) -> list[str]:
+        """Decide and apply one event; return the entities it touched.
+
+        Raises ``RuleViolation`` (nothing changed) or ``AlreadyPlaced``.
+        """
+        self._touched = []
+        self._handlers[event.type](event, fact)  # type: ignore[attr-defined]
+        return self._touched
+
+    def reject(self, event: dict[str, object], reason: str, fact: Fact) -> None:
+        """Keep a refused event in the rejection log."""
+        entity = str(event.get("alloc") or event.get("node") or "")
+        kind = str(event.get("type"))
+        self._rejections.append(Rejection(fact.position, kind, entity, reason, event, fact.at))
+
+    # -- loading -------------------------------------------------------------
+
+    def node(self, name: str) -> Node | None:
+        found = self.nodes.get(name, _MISSING)
+        if found is _MISSING:
+            found = self.nodes[name] = self.source.load_node(name)
+        return found  # type: ignore[return-value]
+
+    def slot_table(self, name: str) -> list[Slot]:
+        table = self.slot_tables.get(name)
+        if table is None:
+            table = self.slot_tables[name] = self.source.load_slots(name)
+        return table
+
+    def alloc(self, alloc_id: str) -> Allocation | None:
+        found = self.allocs.get(alloc_id, _MISSING)
+        if found is _MISSING:
+            found = self.allocs[alloc_id] = self.source.load_alloc(alloc_id)
+        return found  # type: ignore[return-value]
+
+    def address(self, address: str) -> AddressHold | None:
+        found = self.addresses.get(address, _MISSING)
+        if found is _MISSING:
+            found = self.addresses[address] = self.source.load_address(address)
+        return found  # type: ignore[return-value]
+
+    def live_allocs(self, name: str) -> set[str]:
+        """Ids of the allocations on a node that are not terminal."""
+        found = self.live.get(name)
+        if found is None:
+            found = self.live[name] = self.source.load_live_allocs(name)
+        return found
+
+    def child_nodes(self, name: str) -> set[str]:
+        found = self.children.get(name)
+        if found is None:
+            found = self.children[name] = self.source.load_children(name)
+        return found
+
+    # -- checks (run before any change) --------------------------------------
+
+    def check_node_exists(self, name: str) -> Node:
+        node = self.node(name)
+        if node is None:
+            raise errors.NodeNotRegistered(name)
+        if node.status == "removed":
+            raise errors.NodeRemoved(name)
+        return node
+
+    def check_alloc_exists(self, alloc_id: str) -> Allocation:
+        alloc = self.alloc(alloc_id)
+        if alloc is None:
+            raise errors.AllocationNotPlaced(alloc_id)
+        if alloc.removed:
+            raise errors.AllocationRemoved(alloc_id)
+        return alloc
+
+    def check_slot_report(self, node: Node, event: Heartbeat) -> None:
+        seen: set[int] = set()
+        for entry in event.slots or ():
+            if entry.slot >= node.slots:
+                raise errors.SlotReportInvalid(
+                    f"slot report names slot {node.node}#{entry.slot}, "
+                    f"but node {node.node} has {node.slots} slots"
+                )
+            if entry.slot in seen:
+                raise errors.SlotReportInvalid(
+                    f"slot report lists slot {node.node}#{entry.slot} twice"
+                )
+            seen.add(entry.slot)
+
+    def check_can_place(self, event: AllocPlaced) -> Node:
+        existing = self.alloc(event.alloc)
+        if existing is not None:
+            self.check_new_allocation(existing, event)
+        node = self.check_node_exists(event.node)
+        if node.status != "ready":
+            raise errors.NodeNotReady(node.node, node.status)
+        if node.health == "suspect":
+            raise errors.NodeSuspect(node.node)
+        if event.slot is not None:
+            if event.slot >= node.slots:
+                raise errors.SlotOutOfRange(node.node, event.slot, node.slots)
+            holder = self.slot_table(node.node)[event.slot].alloc
+            if holder is not None:
+                raise errors.SlotHeld(node.node, event.slot, holder)
+        for address in event.addresses or ():
+            hold = self.address(address)
+            if hold is not None:
+                raise errors.AddressHeld(address, hold.alloc)
+        return node
+
+    def check_new_allocation(self, existing: Allocation, event: AllocPlaced) -> None:
+        wanted = (
+            event.node,
+            event.slot,
+            event.job,
+            tuple(event.addresses or ()),
+            event.max_disconnect,
+        )
+        if existing.placement() == wanted:
+            raise AlreadyPlaced(existing.placed_position)
+        name = existing.alloc
+        if existing.terminal or existing.removed:
+            raise errors.AllocationExists(
+                f"allocation {name} was already placed and is {existing.client_status}; "
+                "an allocation id is placed once"
+            )
+        if existing.slot is not None:
+            raise errors.AllocationExists(
+                f"allocation {name} already holds slot {existing.node}#{existing.slot}"
+            )
+        raise errors.AllocationExists(f"allocation {name} already runs on node {existing.node}")
+
+    def check_node_may_update(self, alloc: Allocation) -> Node:
+        node = self.node(alloc.node)
+        assert node is not None, f"allocation {alloc.alloc} on unknown node {alloc.node}"
+        if node.status in ("disconnected", "down", "removed"):
+            raise errors.NodeMayNotUpdate(node.node, node.status)
+        if alloc.terminal:
+            raise errors.TerminalStatusFinal(alloc.alloc, alloc.client_status)
+        return node
+
+    def check_may_remove(self, alloc: Allocation) -> None:
+        if alloc.terminal:
+            return
+        held = list(alloc.addresses)
+        if alloc.slot is not None:
+            held.append(f"slot {alloc.node}#{alloc.slot}")
+        holds = ", ".join(held) if held else "its place on node " + alloc.node
+        raise errors.RemovedBeforeShutdown(alloc.alloc, alloc.client_status, holds)
+
+    # -- handlers: one per event type ----------------------------------------
+
+    def register_node(self, event: NodeRegistered, fact: Fact) -> None:
+        if self.node(event.node) is not None:
+            raise errors.NodeAlreadyRegistered(event.node)
+        if event.parent is not None:
+            parent = self.node(event.parent)
+            if parent is None:
+                raise errors.ParentUnavailable(event.parent, "not registered")
+            if parent.status in ("down", "removed"):
+                raise errors.ParentUnavailable(event.parent, parent.status)
+            self.child_nodes(event.parent).add(event.node)
+            self._touch(event.parent)
+        node = Node(
+            event.node,
+            event.slots,
+            event.parent,
+            since_position=fact.position,
+            registered_position=fact.position,
+        )
+        self.nodes[node.node] = node
+        self.live[node.node] = set()
+        self.children[node.node] = set()
+        self.slot_tables[node.node] = [
+            Slot(node.node, index, since_position=fact.position) for index in range(event.slots)
+        ]
+        for slot in self.slot_tables[node.node]:
+            self._dirty_slots[(node.node, slot.slot)] = slot
+        self._changed_node(node)
+
+    def heartbeat(self, event: Heartbeat, fact: Fact) -> None:
+        node = self.check_node_exists(event.node)
+        if event.slots is not None:
+            self.check_slot_report(node, event)
+        if node.status == "disconnected" or node.status == "initializing":
+            waiting = self.awaits_reconnect(node)
+            self._set_status(node, "initializing" if waiting else "ready", fact)
+        elif node.status == "down":
+            self._set_status(node, "ready", fact)
+        node.last_heartbeat_at = fact.at
+        node.last_heartbeat_position = fact.position
+        self._changed_node(node)
+        if event.slots is not None:
+            reported = {entry.slot: entry.alloc for entry in event.slots}
+            for slot in self.slot_table(node.node):
+                slot.reported_alloc = reported.get(slot.slot)
+                slot.reported_position = fact.position
+                self._changed_slot(slot, touch=False)
+
+    def miss_heartbeat(self, event: HeartbeatMissed, fact: Fact) -> None:
+        node = self.check_node_exists(event.node)
+        if node.status not in ("ready", "initializing"):
+            return
+        live = [self._live_alloc(alloc_id) for alloc_id in sorted(self.live_allocs(node.node))]
+        if not any(a.max_disconnect is not None and a.desired_status == "run" for a in live):
+            self._take_down(node, "missed heartbeat", fact)
+            return
+        self._set_status(node, "disconnected", fact)
+        for alloc in live:
+            if alloc.needs_reconnect:
+                continue
+            if alloc.client_status == "running" and alloc.max_disconnect is not None:
+                self._mark_unknown(alloc, fact)
+            else:
+                self._lose(alloc, fact)
+
+    def mark_down(self, event: NodeDown, fact: Fact) -> None:
+        node = self.check_node_exists(event.node)
+        if node.status != "down":
+            self._take_down(node, event.reason, fact)
+
+    def remove_node(self, event: NodeRemoved, fact: Fact) -> None:
+        node = self.check_node_exists(event.node)
+        self._take_down(node, node.reason if node.status == "down" else None, fact, "removed")
+
+    def suspect(self, event: NodeSuspected, fact: Fact) -> None:
+        node = self.check_node_exists(event.node)
+        self._set_suspect(node, event.reason, fact)
+
+    def check_health(self, event: HealthChecked, fact: Fact) -> None:
+        node = self.check_node_exists(event.node)
+        if event.passed:
+            if node.health != "ok":
+                node.health = "ok"
+                node.since_position = fact.position
+                if node.status != "down":
+                    node.reason = None
+                self._changed_node(node)
+        elif node.status != "down":
+            self._take_down(node, "health check failed", fact)
+
+    def place(self, event: AllocPlaced, fact: Fact) -> None:
+        node = self.check_can_place(event)
+        alloc = Allocation(
+            event.alloc,
+            node.node,
+            event.job,
+            event.slot,
+            list(event.addresses or ()),
+            event.max_disconnect,
+            placed_position=fact.position,
+            updated_position=fact.position,
+        )
+        self.allocs[alloc.alloc] = alloc
+        self.live_allocs(node.node).add(alloc.alloc)
+        node.allocs += 1
+        if event.slot is not None:
+            slot = self.slot_table(node.node)[event.slot]
+            slot.alloc = alloc.alloc
+            slot.state = "allocated"
+            slot.since_position = fact.position
+            node.slots_used += 1
+            self._changed_slot(slot)
+        for address in alloc.addresses:
+            hold = AddressHold(address, alloc.alloc, node.node, since_position=fact.position)
+            self.addresses[address] = hold
+            self._dirty_addresses[address] = hold
+            self._touch(address)
+        self._changed_node(node)
+        self._changed_alloc(alloc)
+
+    def report_status(self, event: AllocUpdated, fact: Fact) -> None:
+        alloc = self.check_alloc_exists(event.alloc)
+        node = self.check_node_may_update(alloc)
+        self._touch(node.node)
+        if alloc.needs_reconnect:
+            alloc.needs_reconnect = False
+            self._add_state(alloc, event.client_status, fact)
+        if node.status == "initializing":
+            self._set_status(node, "ready", fact)
+        alloc.client_status = event.client_status
+        alloc.updated_position = fact.position
+        self._changed_alloc(alloc)
+        if alloc.terminal:
+            self._release(alloc, fact)
+        elif alloc.slot is not None:
+            slot = self.slot_table(alloc.node)[alloc.slot]
+            state = "active" if event.client_status == "running" else "allocated"
+            if slot.state != state:
+                slot.state = state
+                slot.since_position = fact.position
+                self._changed_slot(slot)
+        if event.client_status == "failed" and event.blame == "node":
+            self._set_suspect(node, f"allocation {alloc.alloc} failed", fact)
+
+    def request_stop(self, event: AllocStopRequested, fact: Fact) -> None:
+        alloc = self.check_alloc_exists(event.alloc)
+        if alloc.desired_status == "remove":
+            raise errors.DesiredStatusBackwards(alloc.alloc, "remove", "stop")
+        self._set_desired(alloc, "stop", fact)
+
+    def request_remove(self, event: AllocRemoveRequested, fact: Fact) -> None:
+        alloc = self.check_alloc_exists(event.alloc)
+        self._set_desired(alloc, "remove", fact)
+
+    def reap(self, event: AllocRemoved, fact: Fact) -> None:
+        alloc = self.check_alloc_exists(event.alloc)
+        self.check_may_remove(alloc)
+        alloc.removed = True
+        alloc.updated_position = fact.position
+        self._changed_alloc(alloc)
+
+    # -- evolution helpers (never raise) -------------------------------------
+
+    def awaits_reconnect(self, node: Node) -> bool:
+        return any(self._live_alloc(a).needs_reconnect for a in self.live_allocs(node.node))
+
+    def _live_alloc(self, alloc_id: str) -> Allocation:
+        alloc = self.alloc(alloc_id)
+        assert alloc is not None, f"live allocation {alloc_id} is missing"
+        return alloc
+
+    def _set_status(self, node: Node, status: str, fact: Fact) -> None:
+        if node.status == status:
+            return
+        node.status = status
+        node.since_position = fact.position
+        if status == "ready":
+            node.lost_allocs = []
+            if node.health == "ok":
+                node.reason = None
+        self._changed_node(node)
+
+    def _set_suspect(self, node: Node, reason: str, fact: Fact) -> None:
+        node.health = "suspect"
+        node.reason = reason
+        node.since_position = fact.position
+        self._changed_node(node)
+
+    def _take_down(
+        self, node: Node, reason: str | None, fact: Fact, status: str = "down"
+    ) -> None:
+        lost = []
+        for alloc_id in sorted(self.live_allocs(node.node)):
+            self._lose(self._live_alloc(alloc_id), fact)
+            lost.append(alloc_id)
+        node.status = status
+        node.reason = reason
+        node.since_position = fact.position
+        node.lost_allocs = lost if status == "down" or lost else node.lost_allocs
+        self._changed_node(node)
+        for child_name in sorted(self.child_nodes(node.node)):
+            child = self.node(child_name)
+            if child is not None and child.status not in ("down", "removed"):
+                why = f"parent {node.node} {'went down' if status == 'down' else 'was removed'}"
+                self._take_down(child, why, fact)
+
+    def _mark_unknown(self, alloc: Allocation, fact: Fact) -> None:
+        alloc.client_status = "unknown"
+        alloc.needs_reconnect = True
+        alloc.unknown_since_position = fact.position
+        alloc.unknown_since_at = fact.at
+        alloc.updated_position = fact.position
+        self._add_state(alloc, "unknown", fact)
+        self._changed_alloc(alloc)
+
+    def _lose(self, alloc: Allocation, fact: Fact) -> None:
+        alloc.client_status = "lost"
+        alloc.needs_reconnect = False
+        alloc.updated_position = fact.position
+        if DESIRED_ORDER[alloc.desired_status] < DESIRED_ORDER["stop"]:
+            alloc.desired_status = "stop"
+        self._add_state(alloc, "lost", fact)
+        self._changed_alloc(alloc)
+        self._release(alloc, fact)
+
+    def _release(self, alloc: Allocation, fact: Fact) -> None:
+        """A terminal allocation gives back its slot and its addresses."""
+        node = self.node(alloc.node)
+        assert node is not None
+        if alloc.alloc in self.live_allocs(alloc.node):
+            self.live_allocs(alloc.node).discard(alloc.alloc)
+            node.allocs -= 1
+        if alloc.slot is not None:
+            slot = self.slot_table(alloc.node)[alloc.slot]
+            if slot.alloc == alloc.alloc:
+                slot.alloc = None
+                slot.state = "free"
+                slot.since_position = fact.position
+                node.slots_used -= 1
+                self._changed_slot(slot)
+        for address in alloc.addresses:
+            hold = self.address(address)
+            if hold is not None and hold.alloc == alloc.alloc:
+                self.addresses[address] = None
+                self._dirty_addresses[address] = None
+                self._touch(address)
+        self._changed_node(node)
+
+    def _set_desired(self, alloc: Allocation, desired: str, fact: Fact) -> None:
+        if DESIRED_ORDER[desired] <= DESIRED_ORDER[alloc.desired_status]:
+            return
+        alloc.desired_status = desired
+        alloc.updated_position = fact.position
+        self._changed_alloc(alloc)
+        for address in alloc.addresses:
+            hold = self.address(address)
+            if hold is not None and hold.alloc == alloc.alloc and hold.state != "releasing":
+                hold.state = "releasing"
+                hold.since_position = fact.position
+                self._dirty_addresses[address] = hold
+                self._touch(address)
+
+    def _add_state(self, alloc: Allocation, value: str, fact: Fact) -> None:
+        self._alloc_states.append(AllocState(alloc.alloc, value, fact.position, fact.at))
+
+    # -- change tracking -----------------------------------------------------
+
+    def _touch(self, name: str) -> None:
+        self._touched.append(name)
+
+    def _changed_node(self, node: Node) -> None:
+        self._dirty_nodes[node.node] = node
+        self._touch(node.node)
+
+    def _changed_slot(self, slot: Slot, touch: bool = True) -> None:
+        self._dirty_slots[(slot.node, slot.slot)] = slot
+        if touch:
+            self._touch(slot.key)
+
+    def _changed_alloc(self, alloc: Allocation) -> None:
+        self._dirty_allocs[alloc.alloc] = alloc
+        self._touch(alloc.alloc)
+        if alloc.slot is not None:
+            self._touch(f"{alloc.node}#{alloc.slot}")
+
+    def take_changes(self) -> Changes:
+        """Hand over everything changed since the last call, and forget it."""
+        released = [a for a, hold in self._dirty_addresses.items() if hold is None]
+        changes = Changes(
+            nodes=list(self._dirty_nodes.values()),
+            slots=list(self._dirty_slots.values()),
+            allocs=list(self._dirty_allocs.values()),
+            held=[h for h in self._dirty_addresses.values() if h is not None],
+            released=released,
+            alloc_states=self._alloc_states,
+            rejections=self._rejections,
+        )
+        self._dirty_nodes = {}
+        self._dirty_slots = {}
+        self._dirty_allocs = {}
+        self._dirty_addresses = {}
+        self._alloc_states = []
+        self._rejections = []
+        return changes
+
+    def forget(self) -> None:
+        """Drop everything loaded (another writer may have changed the store)."""
+        for cache in (self.nodes, self.slot_tables, self.allocs, self.addresses):
+            cache.clear()
+        self.live.clear()
+        self.children.clear()
+        self.take_changes()
+
+    def everything(self) -> Changes:
+        """The whole in-memory state as changes (to materialize a replay)."""
+        nodes = [n for n in self.nodes.values() if n is not None]
+        return Changes(
+            nodes=nodes,
+            slots=[s for table in self.slot_tables.values() for s in table],
+            allocs=[a for a in self.allocs.values() if a is not None],
+            held=[h for h in self.addresses.values() if h is not None],
+            alloc_states=list(self._alloc_states),
+            rejections=list(self._rejections),
+        )
+
+
+def touched_by(event: dict[str, object]) -> Iterable[str]:
+    """The entities an event names (for events that were rejected)."""
+    for key in ("node", "alloc", "parent"):
+        value = event.get(key)
+        if isinstance(value, str):
+            yield value
+    slot = event.get("slot")
+    if isinstance(slot, int) and isinstance(event.get("node"), str):
+        yield f"{event['node']}#{slot}"
+    reports = event.get("slots")
+    if isinstance(reports, list):
+        for entry in reports:
+            if isinstance(entry, dict):
+                yield f"{event.get('node')}#{entry.get('slot')}"
+                if isinstance(entry.get("alloc"), str):
+                    yield entry["alloc"]
+    addresses = event.get("addresses")
+    if isinstance(addresses, list):
+        yield from (a for a in addresses if isinstance(a, str))

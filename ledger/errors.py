@@ -1,0 +1,110 @@
+"""The named errors of the ledger, in one small tree."""
+
+from __future__ import annotations
+
+
+class LedgerError(Exception):
+    """Base of every error the ledger reports on purpose."""
+
+
+class InvalidEvent(LedgerError):
+    """The input is not a well-formed event: reported, never kept."""
+
+
+class StoreUnavailable(LedgerError):
+    """The store cannot be opened, reached or written."""
+
+
+class RuleViolation(LedgerError):
+    """A rule refused the event: it is kept in the rejection log."""
+
+
+class NodeNotRegistered(RuleViolation):
+    def __init__(self, node: str) -> None:
+        super().__init__(f"node {node} is not registered")
+
+
+class NodeAlreadyRegistered(RuleViolation):
+    def __init__(self, node: str) -> None:
+        super().__init__(f"node {node} is already registered")
+
+
+class NodeRemoved(RuleViolation):
+    def __init__(self, node: str) -> None:
+        super().__init__(f"node {node} has been removed")
+
+
+class ParentUnavailable(RuleViolation):
+    def __init__(self, parent: str, status: str) -> None:
+        super().__init__(f"parent node {parent} is {status}")
+
+
+class NodeNotReady(RuleViolation):
+    def __init__(self, node: str, status: str) -> None:
+        super().__init__(f"node {node} is not ready (status {status}); it takes no placements")
+
+
+class NodeSuspect(RuleViolation):
+    def __init__(self, node: str) -> None:
+        super().__init__(f"node {node} is suspect; it takes no placements")
+
+
+class SlotOutOfRange(RuleViolation):
+    def __init__(self, node: str, slot: int, slots: int) -> None:
+        super().__init__(f"slot {node}#{slot} is out of range (node {node} has {slots} slots)")
+
+
+class SlotHeld(RuleViolation):
+    def __init__(self, node: str, slot: int, holder: str) -> None:
+        super().__init__(f"slot {node}#{slot} is already held by allocation {holder}")
+
+
+class SlotReportInvalid(RuleViolation):
+    pass
+
+
+class AllocationExists(RuleViolation):
+    pass
+
+
+class AllocationNotPlaced(RuleViolation):
+    def __init__(self, alloc: str) -> None:
+        super().__init__(f"allocation {alloc} is not placed")
+
+
+class AllocationRemoved(RuleViolation):
+    def __init__(self, alloc: str) -> None:
+        super().__init__(f"allocation {alloc} has been removed")
+
+
+class AddressHeld(RuleViolation):
+    def __init__(self, address: str, holder: str) -> None:
+        super().__init__(
+            f"address {address} is still held by allocation {holder}, which has not shut down"
+        )
+
+
+class NodeMayNotUpdate(RuleViolation):
+    def __init__(self, node: str, status: str) -> None:
+        super().__init__(f"node {node} is not allowed to update allocs while in status {status}")
+
+
+class TerminalStatusFinal(RuleViolation):
+    def __init__(self, alloc: str, status: str) -> None:
+        super().__init__(f"allocation {alloc} is {status}; a terminal status never changes")
+
+
+class DesiredStatusBackwards(RuleViolation):
+    def __init__(self, alloc: str, current: str, wanted: str) -> None:
+        super().__init__(
+            f"allocation {alloc} is already desired {current}; "
+            f"desired status only moves forward (run, stop, remove), not to {wanted}"
+        )
+
+
+class RemovedBeforeShutdown(RuleViolation):
+    def __init__(self, alloc: str, status: str, holds: str) -> None:
+        super().__init__(
+            f"allocation {alloc} is {status}; removing it now would free {holds} "
+            "before it shuts down"
+        )

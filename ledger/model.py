@@ -1,0 +1,115 @@
+"""The entities of the ledger: nodes, slots, allocations, address holds.
+
+Plain data; the rules that change them live in ``ledger.domain``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+
+TERMINAL = frozenset({"complete", "failed", "lost"})
+DESIRED_ORDER = {"run": 0, "stop": 1, "remove": 2}
+
+
+@dataclass(slots=True)
+class Fact:
+    """Where an event stands in history: its position and its ``at``."""
+
+    position: int
+    at: str
+
+
+@dataclass(slots=True)
+class Node:
+    node: str
+    slots: int
+    parent: str | None = None
+    status: str = "initializing"
+    health: str = "ok"
+    reason: str | None = None
+    since_position: int = 0
+    last_heartbeat_at: str | None = None
+    last_heartbeat_position: int | None = None
+    slots_used: int = 0
+    allocs: int = 0
+    lost_allocs: list[str] = field(default_factory=list)
+    registered_position: int = 0
+
+
+@dataclass(slots=True)
+class Slot:
+    node: str
+    slot: int
+    state: str = "free"
+    alloc: str | None = None
+    since_position: int = 0
+    reported_alloc: str | None = None
+    reported_position: int | None = None
+
+    @property
+    def key(self) -> str:
+        return f"{self.node}#{self.slot}"
+
+
+@dataclass(slots=True)
+class Allocation:
+    alloc: str
+    node: str
+    job: str | None = None
+    slot: int | None = None
+    addresses: list[str] = field(default_factory=list)
+    max_disconnect: int | None = None
+    desired_status: str = "run"
+    client_status: str = "pending"
+    needs_reconnect: bool = False
+    unknown_since_position: int | None = None
+    unknown_since_at: str | None = None
+    placed_position: int = 0
+    updated_position: int = 0
+    removed: bool = False
+
+    @property
+    def terminal(self) -> bool:
+        return self.client_status in TERMINAL
+
+    @property
+    def deadline(self) -> str | None:
+        """When the allocation stops waiting for its node: unknown_since_at + max_disconnect."""
+        if not self.needs_reconnect or self.unknown_since_at is None:
+            return None
+        since = datetime.strptime(self.unknown_since_at, "%Y-%m-%dT%H:%M:%S.%fZ")
+        moment = since + timedelta(seconds=self.max_disconnect or 0)
+        return moment.strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+    def placement(self) -> tuple[object, ...]:
+        return (self.node, self.slot, self.job, tuple(self.addresses), self.max_disconnect)
+
+
+@dataclass(slots=True)
+class AllocState:
+    """One entry of an allocation's alloc states, appended by the ledger."""
+
+    alloc: str
+    value: str
+    position: int
+    at: str
+
+
+@dataclass(slots=True)
+class AddressHold:
+    address: str
+    alloc: str
+    node: str
+    state: str = "held"
+    since_position: int = 0
+
+
+@dataclass(slots=True)
+class Rejection:
+    position: int
+    type: str
+    entity: str
+    reason: str
+    event: dict[str, object]
+    at: str

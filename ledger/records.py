@@ -1,0 +1,75 @@
+"""How an event is kept in the log, and how a kept event is applied again.
+
+Each kept event is one eventsourcing ``StoredEvent`` of the single ledger
+stream: ``originator_version`` is its global, gapless ``position``; the topic
+is its type (or ``rejected``); the state is JSON with the event as received
+(defaults and ``at`` filled in), ``recorded_at``, the entities its effects
+touched, and for a rejection the reason.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from eventsourcing.persistence import StoredEvent
+
+from ledger.domain import Cluster
+from ledger.events import restore
+from ledger.model import Fact
+from ledger.store import LEDGER_STREAM
+
+REJECTED = "rejected"
+
+
+@dataclass(frozen=True, slots=True)
+class Record:
+    position: int
+    topic: str
+    event: dict[str, Any]
+    recorded_at: str
+    touches: list[str]
+    reason: str | None = None
+
+    @property
+    def rejected(self) -> bool:
+        return self.topic == REJECTED
+
+    @property
+    def fact(self) -> Fact:
+        return Fact(self.position, self.event["at"])
+
+
+def encode(record: Record) -> StoredEvent:
+    state: dict[str, Any] = {"event": record.event, "recorded_at": record.recorded_at}
+    if record.touches:
+        state["touches"] = record.touches
+    if record.reason is not None:
+        state["reason"] = record.reason
+    return StoredEvent(
+        originator_id=LEDGER_STREAM,
+        originator_version=record.position,
+        topic=record.topic,
+        state=json.dumps(state, separators=(",", ":"), ensure_ascii=False).encode(),
+    )
+
+
+def decode(stored: StoredEvent) -> Record:
+    state = json.loads(stored.state)
+    return Record(
+        stored.originator_version,
+        stored.topic,
+        state["event"],
+        state["recorded_at"],
+        state.get("touches", []),
+        state.get("reason"),
+    )
+
+
+def replay(cluster: Cluster, record: Record) -> None:
+    """Apply a kept event to a cluster exactly as it was decided."""
+    if record.rejected:
+        cluster.reject(record.event, record.reason or "", record.fact)
+    else:
+        cluster.apply(restore(record.event), record.fact)

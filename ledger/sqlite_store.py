@@ -1,0 +1,156 @@
+"""The embedded default: one SQLite file holds the log and the projections.
+
+The log is eventsourcing's ``SQLiteProcessRecorder`` (events and tracking);
+writes run in ``BEGIN IMMEDIATE`` transactions so that one writer at a time
+decides against the current state, across processes.
+"""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+from eventsourcing.persistence import PersistenceError, StoredEvent, Tracking
+from eventsourcing.sqlite import SQLiteCursor, SQLiteDatastore, SQLiteProcessRecorder
+
+from ledger.errors import StoreUnavailable
+from ledger.store import LEDGER_STREAM, PROJECTIONS
+from projections import tables
+
+SCHEMA_VERSION = 1
+PAGE = 5000
+
+APPEND_ONLY = [
+    """CREATE TRIGGER IF NOT EXISTS stored_events_append_only_update
+       BEFORE UPDATE ON stored_events
+       BEGIN SELECT RAISE(ABORT, 'the event log is append-only'); END""",
+    """CREATE TRIGGER IF NOT EXISTS stored_events_append_only_delete
+       BEFORE DELETE ON stored_events
+       BEGIN SELECT RAISE(ABORT, 'the event log is append-only'); END""",
+    "CREATE TABLE IF NOT EXISTS event_ids (id TEXT PRIMARY KEY, position BIGINT NOT NULL)",
+]
+
+
+def describe(error: BaseException) -> str:
+    text = str(error.__cause__ or error) or type(error).__name__
+    return text.splitlines()[0]
+
+
+class SQLiteStore:
+    dialect = "sqlite"
+    param = "?"
+
+    def __init__(self, url: str, path: str, options: dict[str, str]) -> None:
+        self.url = url
+        self.path = path
+        self.stream = LEDGER_STREAM.hex
+        timeout = float(options.get("timeout", "10"))
+        self._check_path()
+        try:
+            self.datastore = SQLiteDatastore(path, lock_timeout=int(timeout) or 1)
+            self.recorder = SQLiteProcessRecorder(self.datastore)
+            self._create_schema()
+        except (PersistenceError, sqlite3.Error) as error:
+            raise StoreUnavailable(f"cannot open store {url}: {describe(error)}") from None
+
+    def _check_path(self) -> None:
+        folder = os.path.dirname(os.path.abspath(self.path))
+        if not os.path.isdir(folder):
+            raise StoreUnavailable(
+                f"cannot open store {self.url}: directory {folder} does not exist"
+            )
+        target = self.path if os.path.exists(self.path) else folder
+        if not os.access(target, os.R_OK | os.W_OK):
+            raise StoreUnavailable(f"cannot open store {self.url}: {target} is not writable")
+
+    def _create_schema(self) -> None:
+        with self.reading() as cursor:
+            cursor.execute("PRAGMA user_version")
+            if cursor.fetchone()[0] == SCHEMA_VERSION:
+                return
+        self.recorder.create_table()
+        with self.writing() as cursor:
+            for statement in APPEND_ONLY:
+                cursor.execute(statement)
+            tables.create(cursor, self.dialect)
+            cursor.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
+
+    @contextmanager
+    def writing(self) -> Iterator[SQLiteCursor]:
+        try:
+            with self.datastore.get_connection(commit=True) as connection:
+                cursor = connection.cursor()
+                cursor.execute("PRAGMA synchronous = FULL")
+                cursor.execute("BEGIN IMMEDIATE")
+                try:
+                    yield cursor
+                except BaseException:
+                    connection.rollback()
+                    raise
+                connection.commit()
+        except sqlite3.Error as error:
+            raise StoreUnavailable(f"store {self.url}: {describe(error)}") from None
+        except PersistenceError as error:
+            raise StoreUnavailable(f"store {self.url}: {describe(error)}") from None
+
+    @contextmanager
+    def reading(self) -> Iterator[SQLiteCursor]:
+        try:
+            with self.datastore.transaction(commit=False) as cursor:
+                yield cursor
+        except (sqlite3.Error, PersistenceError) as error:
+            raise StoreUnavailable(f"store {self.url}: {describe(error)}") from None
+
+    def head(self, cursor: Any) -> int:
+        cursor.execute(
+            "SELECT MAX(originator_version) FROM stored_events WHERE originator_id = ?",
+            (self.stream,),
+        )
+        return cursor.fetchone()[0] or 0
+
+    def append(self, cursor: Any, events: list[StoredEvent]) -> None:
+        self.recorder._insert_events(cursor, events)
+
+    def tracked(self, cursor: Any) -> int:
+        return self.recorder._max_tracking_id(PROJECTIONS, cursor) or 0
+
+    def track(self, cursor: Any, position: int) -> None:
+        self.recorder._insert_tracking(cursor, Tracking(PROJECTIONS, position))
+
+    def known_ids(self, cursor: Any, ids: list[str]) -> dict[str, int]:
+        found: dict[str, int] = {}
+        for start in range(0, len(ids), 500):
+            chunk = ids[start : start + 500]
+            marks = ",".join("?" * len(chunk))
+            cursor.execute(f"SELECT id, position FROM event_ids WHERE id IN ({marks})", chunk)
+            found.update((row[0], row[1]) for row in cursor.fetchall())
+        return found
+
+    def remember_ids(self, cursor: Any, pairs: list[tuple[str, int]]) -> None:
+        if pairs:
+            cursor.executemany("INSERT INTO event_ids (id, position) VALUES (?, ?)", pairs)
+
+    def read_log(self, after: int, upto: int | None = None) -> Iterator[StoredEvent]:
+        while upto is None or after < upto:
+            try:
+                page = self.recorder.select_events(LEDGER_STREAM, gt=after, lte=upto, limit=PAGE)
+            except (sqlite3.Error, PersistenceError) as error:
+                raise StoreUnavailable(f"store {self.url}: {describe(error)}") from None
+            yield from page
+            if len(page) < PAGE:
+                return
+            after = page[-1].originator_version
+
+    def search_log(self, cursor: Any, needle: str) -> list[tuple[int, str, bytes]]:
+        cursor.execute(
+            "SELECT originator_version, topic, state FROM stored_events "
+            "WHERE originator_id = ? AND instr(state, ?) > 0 ORDER BY originator_version",
+            (self.stream, needle.encode()),
+        )
+        return [(row[0], row[1], bytes(row[2])) for row in cursor.fetchall()]
+
+    def close(self) -> None:
+        self.datastore.close()

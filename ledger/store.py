@@ -1,0 +1,91 @@
+"""Store selection: a URL opens the event log (through eventsourcing's
+recorders) together with the tables kept beside it in the same transaction.
+
+``sqlite:///path`` is the embedded default; ``postgresql://…`` is imported
+only when asked for, so a SQLite store never loads psycopg.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from contextlib import AbstractContextManager
+from typing import Any, Protocol
+from urllib.parse import parse_qs, urlsplit
+from uuid import NAMESPACE_URL, uuid5
+
+from eventsourcing.persistence import StoredEvent
+
+from ledger.errors import StoreUnavailable
+
+DEFAULT_URL = "sqlite:///alloc-ledger.db"
+LEDGER_STREAM = uuid5(NAMESPACE_URL, "https://alloc-ledger/ledger")
+PROJECTIONS = "projections"
+
+
+class Store(Protocol):
+    """What the application needs from a store, whichever the database."""
+
+    url: str
+    dialect: str
+    param: str
+
+    def writing(self) -> AbstractContextManager[Any]:
+        """A transaction that no other writer runs beside (the log is one sequence)."""
+
+    def reading(self) -> AbstractContextManager[Any]:
+        """A read-only transaction with a consistent view."""
+
+    def head(self, cursor: Any) -> int:
+        """The position of the last event in the log (0 when empty)."""
+
+    def append(self, cursor: Any, events: list[StoredEvent]) -> None:
+        """Insert stored events through the library's recorder."""
+
+    def tracked(self, cursor: Any) -> int:
+        """How far the projection tables have read."""
+
+    def track(self, cursor: Any, position: int) -> None:
+        """Record how far the projection tables have read."""
+
+    def known_ids(self, cursor: Any, ids: list[str]) -> dict[str, int]:
+        """Positions of client ids already in the ledger."""
+
+    def remember_ids(self, cursor: Any, pairs: list[tuple[str, int]]) -> None:
+        """Keep client ids with their positions."""
+
+    def read_log(self, after: int, upto: int | None = None) -> Iterator[StoredEvent]:
+        """Stored events after a position, in order, read page by page."""
+
+    def search_log(self, cursor: Any, needle: str) -> list[tuple[int, str, bytes]]:
+        """Events whose stored form contains a text (for ``history``)."""
+
+    def close(self) -> None: ...
+
+
+def store_url(url: str | None) -> str:
+    return url or os.environ.get("ALLOC_LEDGER_STORE") or DEFAULT_URL
+
+
+def open_store(url: str | None = None) -> Store:
+    """Open (and if needed create) the store a URL names."""
+    url = store_url(url)
+    parts = urlsplit(url)
+    options = {k: v[-1] for k, v in parse_qs(parts.query).items()}
+    if parts.scheme == "sqlite":
+        from ledger.sqlite_store import SQLiteStore
+
+        path = url.split("?", 1)[0][len("sqlite://") :]
+        if path.startswith("/") and not path.startswith("//"):
+            path = path[1:]  # sqlite:///relative.db, sqlite:////absolute.db
+        elif path.startswith("//"):
+            path = path[1:]
+        return SQLiteStore(url, path or "alloc-ledger.db", options)
+    if parts.scheme in ("postgresql", "postgres"):
+        from ledger.postgres_store import PostgresStore
+
+        return PostgresStore(url, parts, options)
+    raise StoreUnavailable(
+        f"cannot open store {url!r}: use sqlite:///path/to/ledger.db or "
+        "postgresql://user:password@host:port/db"
+    )

@@ -1,0 +1,136 @@
+"""The projection tables and views: plain SQL, the same in SQLite and PostgreSQL.
+
+Timestamps are UTC text of one fixed width (``2026-01-01T00:00:00.000000Z``)
+so that text order is time order in both databases; lists are JSON text.
+"""
+
+from __future__ import annotations
+
+TABLES = ("nodes", "slots", "allocations", "alloc_states", "addresses", "rejections")
+VIEWS = ("needs_reconnect", "zombie_slots")
+LIVE = "('pending','running','unknown')"
+TERMINAL = "('complete','failed','lost')"
+
+
+def create_statements(prefix: str = "") -> list[str]:
+    """DDL for every projection table and view; ``prefix`` names scratch copies."""
+    p = prefix
+    return [
+        f"""CREATE TABLE IF NOT EXISTS {p}nodes (
+            node TEXT PRIMARY KEY,
+            status TEXT NOT NULL,
+            health TEXT NOT NULL,
+            parent TEXT,
+            slots INTEGER NOT NULL,
+            slots_used INTEGER NOT NULL,
+            allocs INTEGER NOT NULL,
+            reason TEXT,
+            since_position BIGINT NOT NULL,
+            last_heartbeat_at TEXT,
+            last_heartbeat_position BIGINT,
+            lost_allocs TEXT NOT NULL,
+            registered_position BIGINT NOT NULL)""",
+        f"CREATE INDEX IF NOT EXISTS {p}nodes_parent ON {p}nodes (parent)",
+        f"""CREATE TABLE IF NOT EXISTS {p}slots (
+            node TEXT NOT NULL,
+            slot INTEGER NOT NULL,
+            state TEXT NOT NULL,
+            alloc TEXT,
+            since_position BIGINT NOT NULL,
+            reported_alloc TEXT,
+            reported_position BIGINT,
+            PRIMARY KEY (node, slot))""",
+        f"""CREATE INDEX IF NOT EXISTS {p}slots_reported ON {p}slots (reported_alloc)
+            WHERE reported_alloc IS NOT NULL""",
+        f"""CREATE TABLE IF NOT EXISTS {p}allocations (
+            alloc TEXT PRIMARY KEY,
+            node TEXT NOT NULL,
+            job TEXT,
+            slot INTEGER,
+            desired_status TEXT NOT NULL,
+            client_status TEXT NOT NULL,
+            needs_reconnect INTEGER NOT NULL,
+            addresses TEXT NOT NULL,
+            max_disconnect INTEGER,
+            unknown_since_position BIGINT,
+            unknown_since_at TEXT,
+            deadline TEXT,
+            placed_position BIGINT NOT NULL,
+            updated_position BIGINT NOT NULL,
+            removed INTEGER NOT NULL)""",
+        f"""CREATE INDEX IF NOT EXISTS {p}allocations_live ON {p}allocations (node)
+            WHERE client_status IN {LIVE}""",
+        f"CREATE INDEX IF NOT EXISTS {p}allocations_node ON {p}allocations (node)",
+        f"CREATE INDEX IF NOT EXISTS {p}allocations_job ON {p}allocations (job)",
+        f"""CREATE INDEX IF NOT EXISTS {p}allocations_reconnect ON {p}allocations (alloc)
+            WHERE needs_reconnect = 1""",
+        f"""CREATE TABLE IF NOT EXISTS {p}alloc_states (
+            alloc TEXT NOT NULL,
+            position BIGINT NOT NULL,
+            value TEXT NOT NULL,
+            at TEXT NOT NULL,
+            PRIMARY KEY (alloc, position))""",
+        f"""CREATE TABLE IF NOT EXISTS {p}addresses (
+            address TEXT PRIMARY KEY,
+            alloc TEXT NOT NULL,
+            node TEXT NOT NULL,
+            state TEXT NOT NULL,
+            since_position BIGINT NOT NULL)""",
+        f"CREATE INDEX IF NOT EXISTS {p}addresses_alloc ON {p}addresses (alloc)",
+        f"""CREATE TABLE IF NOT EXISTS {p}rejections (
+            position BIGINT PRIMARY KEY,
+            type TEXT NOT NULL,
+            entity TEXT NOT NULL,
+            reason TEXT NOT NULL,
+            event TEXT NOT NULL,
+            at TEXT NOT NULL)""",
+        f"""CREATE VIEW {p}needs_reconnect AS
+            SELECT alloc, node, job, desired_status, unknown_since_position,
+                   unknown_since_at, deadline, max_disconnect
+            FROM {p}allocations WHERE needs_reconnect = 1""",
+        f"""CREATE VIEW {p}zombie_slots AS
+            SELECT node, slot, alloc, reason, position FROM (
+                SELECT s.node, s.slot, s.reported_alloc AS alloc,
+                    CASE
+                        WHEN a.alloc IS NULL THEN 'unknown-alloc'
+                        WHEN a.removed = 1 OR a.client_status IN {TERMINAL} THEN 'released'
+                        WHEN d.n > 1 AND NOT (a.node = s.node AND a.slot = s.slot)
+                            THEN 'duplicate'
+                        WHEN a.node <> s.node OR a.slot IS NULL OR a.slot <> s.slot
+                            THEN 'moved'
+                    END AS reason,
+                    s.reported_position AS position
+                FROM {p}slots s
+                LEFT JOIN {p}allocations a ON a.alloc = s.reported_alloc
+                LEFT JOIN (
+                    SELECT node, reported_alloc, COUNT(*) AS n FROM {p}slots
+                    WHERE reported_alloc IS NOT NULL GROUP BY node, reported_alloc
+                ) d ON d.node = s.node AND d.reported_alloc = s.reported_alloc
+                WHERE s.reported_alloc IS NOT NULL
+            ) z WHERE reason IS NOT NULL""",
+    ]
+
+
+def view_exists_check(dialect: str, name: str) -> str:
+    if dialect == "sqlite":
+        return f"SELECT 1 FROM sqlite_master WHERE type='view' AND name='{name}'"
+    return f"SELECT 1 FROM information_schema.views WHERE table_name='{name}' AND table_schema=current_schema()"
+
+
+def create(cursor: object, dialect: str, prefix: str = "") -> None:
+    """Create the tables and (once) the views."""
+    for statement in create_statements(prefix):
+        if statement.startswith("CREATE VIEW"):
+            name = statement.split()[2]
+            cursor.execute(view_exists_check(dialect, name))  # type: ignore[attr-defined]
+            if cursor.fetchone() is not None:  # type: ignore[attr-defined]
+                continue
+        cursor.execute(statement)  # type: ignore[attr-defined]
+
+
+def drop(cursor: object, prefix: str) -> None:
+    """Drop scratch copies made with ``prefix``."""
+    for view in VIEWS:
+        cursor.execute(f"DROP VIEW IF EXISTS {prefix}{view}")  # type: ignore[attr-defined]
+    for table in TABLES:
+        cursor.execute(f"DROP TABLE IF EXISTS {prefix}{table}")  # type: ignore[attr-defined]

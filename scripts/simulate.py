@@ -1,0 +1,843 @@
+#!/usr/bin/env python3
+"""Generate a deterministic, realistic cluster history as JSON Lines.
+
+The simulator keeps a model of the cluster as the ledger sees it (node
+status and health, slot tables, allocations, held addresses) and emits only
+events the SPEC rules accept, except for a sprinkle (well under 1%) of the
+four source systems' races, which the ledger rejects or flags:
+
+* Flink: a placement on a slot another allocation already holds (rejected);
+* zombie slot: a slot report that still shows a released allocation (flagged);
+* Swarmkit: a replacement task placed with an address still held by a task
+  that has not shut down (rejected);
+* Nomad: an alloc-updated from a node that is disconnected (rejected).
+
+Only the simulated cluster state is kept, never the history, so a run of any
+length streams in small, bounded memory. Same parameters, same bytes.
+
+Example:
+
+    python scripts/simulate.py --events 100000 --nodes 1000 --slots 4 --seed 7 \\
+        | alloc-ledger submit - --quiet
+
+From Python:
+
+    from scripts.simulate import generate
+    for event in generate(1000, nodes=20, slots=4, seed=1):
+        ...
+"""
+
+from __future__ import annotations
+
+import argparse
+import heapq
+import json
+import sys
+from collections import deque
+from collections.abc import Iterator
+from datetime import datetime, timedelta, timezone
+from random import Random
+from typing import Any
+
+DEFAULT_START = "2026-01-01T00:00:00Z"
+DEFAULT_SOURCE = "sim"
+
+# Simulated time: each node heartbeats every HEARTBEAT_SECONDS and heartbeats
+# are about HEARTBEAT_SHARE of all events, so the time between two events is
+# HEARTBEAT_SECONDS * HEARTBEAT_SHARE / nodes (0.75 ms for 10,000 nodes).
+HEARTBEAT_SECONDS = 10
+HEARTBEAT_SHARE = 0.75
+SLOT_REPORT_EVERY = 5  # a full slot report with every 5th heartbeat of a node
+
+# Probabilities of the spontaneous (not scheduled) happenings, per event.
+P_PLACE = 0.028
+P_MISSED = 0.003
+P_REGISTER = 0.0003
+P_DOWN = 0.0002
+P_REMOVE = 0.00008
+P_SUSPECT = 0.0001
+P_FLINK = 0.00015
+P_ZOMBIE = 0.00015
+
+SLOTLESS_SHARE = 0.15  # allocations holding no slot (Swarmkit tasks, Nomad allocs)
+SERVICE_SHARE = 0.4  # long-running services; the rest are batch jobs
+TARGET_OCCUPANCY = 0.5  # share of slots the services keep busy
+MAX_DISCONNECT_CHOICES = (60, 120, 300, 600, 900)
+P_MAX_DISCONNECT = 0.35
+P_NOMAD_RACE = 0.15  # per disconnect episode with allocations to reconnect
+P_SWARM_RACE = 0.05  # per stop/remove request of an allocation with addresses
+ADDRESS_REUSE_AFTER = 32  # released addresses wait in a queue before reuse
+
+DOWN_REASONS = ("instance terminated", "resource vanished", "kernel panic", "network partition")
+SUSPECT_REASONS = ("disk pressure", "ECC errors", "slow heartbeats", "image pull failures")
+
+READY = "ready"
+INIT = "initializing"
+DISC = "disconnected"
+DOWN = "down"
+REMOVED = "removed"
+OK = "ok"
+SUSPECT = "suspect"
+RUN = "run"
+STOP = "stop"
+REMOVE = "remove"
+PENDING = "pending"
+RUNNING = "running"
+UNKNOWN = "unknown"
+COMPLETE = "complete"
+FAILED = "failed"
+LOST = "lost"
+TERMINAL = frozenset((COMPLETE, FAILED, LOST))
+CONNECTED = frozenset((READY, INIT))
+
+# Scheduled follow-ups (kinds of heap entries).
+(
+    K_RUN,
+    K_END,
+    K_STOPPED,
+    K_REAP,
+    K_RETURN,
+    K_RECONNECT,
+    K_EXPIRE,
+    K_HEALTH,
+    K_REMOVE,
+    K_NOMAD,
+    K_SWARM,
+) = range(11)
+
+_EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
+
+Body = tuple[str, dict[str, Any]]
+
+
+class Node:
+    __slots__ = (
+        "name",
+        "slots",
+        "parent",
+        "children",
+        "status",
+        "health",
+        "table",
+        "allocs",
+        "epoch",
+        "beats",
+        "phase",
+        "copies",
+        "dirty",
+    )
+
+    def __init__(self, name: str, slots: int, parent: Node | None, phase: int) -> None:
+        self.name = name
+        self.slots = slots
+        self.parent = parent
+        self.children: list[Node] = []
+        self.status = INIT
+        self.health = OK
+        self.table: list[str | None] = [None] * slots
+        self.allocs: dict[str, Alloc] = {}  # insertion ordered: deterministic
+        self.epoch = 0  # bumped on every status change; stale follow-ups check it
+        self.beats = 0
+        self.phase = phase
+        self.copies = 0
+        self.dirty = False  # a slot was freed since the last slot report
+
+
+class Alloc:
+    __slots__ = ("id", "node", "job", "slot", "addrs", "desired", "client", "maxdc", "stage", "service")
+
+    def __init__(
+        self,
+        alloc_id: str,
+        node: Node,
+        job: str,
+        slot: int | None,
+        addrs: tuple[str, ...],
+        maxdc: int | None,
+        service: bool,
+    ) -> None:
+        self.id = alloc_id
+        self.node = node
+        self.job = job
+        self.slot = slot
+        self.addrs = addrs
+        self.desired = RUN
+        self.client = PENDING
+        self.maxdc = maxdc
+        self.stage = 0  # bumped on each lifecycle step; stale follow-ups check it
+        self.service = service
+
+
+def parse_start(text: str) -> datetime:
+    """Parse an RFC 3339 timestamp (a trailing Z allowed); naive means UTC."""
+    value = datetime.fromisoformat(text.strip().replace("z", "Z").replace("Z", "+00:00"))
+    if value.tzinfo is None:
+        value = value.replace(tzinfo=timezone.utc)
+    return value
+
+
+class _Simulation:
+    def __init__(
+        self,
+        events: int,
+        nodes: int,
+        slots: int,
+        seed: int,
+        start: str | datetime,
+        ids: bool,
+        source: str | None,
+    ) -> None:
+        if events < 0:
+            raise ValueError("events must be >= 0")
+        if nodes < 1:
+            raise ValueError("nodes must be >= 1")
+        if slots < 0:
+            raise ValueError("slots must be >= 0")
+        self.events = events
+        self.initial_nodes = nodes
+        self.slots = slots
+        self.rng = Random(seed)
+        self.ids = ids
+        self.source = source
+        begin = parse_start(start) if isinstance(start, str) else start
+        if begin.tzinfo is None:
+            begin = begin.replace(tzinfo=timezone.utc)
+        self.start_us = (begin - _EPOCH) // timedelta(microseconds=1)
+        self.dt_us = max(1, round(HEARTBEAT_SECONDS * 1_000_000 * HEARTBEAT_SHARE / nodes))
+        self.per_second = 1_000_000 / self.dt_us  # events per simulated second
+        capacity = max(nodes * slots, nodes)
+        placements_per_event = P_PLACE * 0.9  # ~10% of events are scheduled follow-ups
+        self.service_life = TARGET_OCCUPANCY * capacity / (placements_per_event * SERVICE_SHARE)
+        self.jobs = max(8, nodes // 4)
+
+        self.i = 0
+        self.heap: list[tuple[int, int, int, Any, int]] = []
+        self.seq = 0
+        self.nodes: list[Node] = []
+        self.hosts: list[Node] = []
+        self.rr = 0
+        self.node_count = 0
+        self.alloc_count = 0
+        self.held: dict[str, Alloc] = {}
+        self.free_addrs: deque[str] = deque()
+        self.addr_count = 0
+        self.released: deque[tuple[str, Node, int]] = deque(maxlen=64)
+
+    # ----------------------------------------------------------- helpers
+
+    def after(self, low: float, high: float) -> int:
+        """A delay in events for a uniform delay in simulated seconds."""
+        return 1 + int(self.rng.uniform(low, high) * self.per_second)
+
+    def schedule(self, delay: int, kind: int, target: Any, token: int) -> None:
+        self.seq += 1
+        heapq.heappush(self.heap, (self.i + max(1, delay), self.seq, kind, target, token))
+
+    def new_node(self, parent: Node | None) -> Node:
+        if parent is None:
+            self.node_count += 1
+            name = f"n{self.node_count:05d}"
+        else:
+            parent.copies += 1
+            name = f"{parent.name}-wc{parent.copies}"
+        node = Node(name, self.slots, parent, len(self.nodes) % SLOT_REPORT_EVERY)
+        self.nodes.append(node)
+        if parent is None:
+            self.hosts.append(node)
+        else:
+            parent.children.append(node)
+        return node
+
+    def registered(self, node: Node) -> Body:
+        body: dict[str, Any] = {"node": node.name, "slots": node.slots}
+        if node.parent is not None:
+            body["parent"] = node.parent.name
+        return ("node-registered", body)
+
+    def new_address(self) -> str:
+        if len(self.free_addrs) > ADDRESS_REUSE_AFTER:
+            return self.free_addrs.popleft()
+        while True:
+            k = self.addr_count
+            self.addr_count += 1
+            addr = f"10.{(k // 65024) % 256}.{(k // 254) % 256}.{k % 254 + 1}"
+            if addr not in self.held:
+                return addr
+
+    def pick(self, tries: int = 6) -> Node | None:
+        """A random ready, healthy node."""
+        nodes = self.nodes
+        rng = self.rng
+        for _ in range(tries):
+            node = nodes[rng.randrange(len(nodes))]
+            if node.status == READY and node.health == OK:
+                return node
+        return None
+
+    def pick_host(self) -> Node | None:
+        for _ in range(6):
+            node = self.hosts[self.rng.randrange(len(self.hosts))]
+            if node.status == READY:
+                return node
+        return None
+
+    def has_reconnecting(self, node: Node) -> bool:
+        return any(a.client == UNKNOWN for a in node.allocs.values())
+
+    def set_status(self, node: Node, status: str) -> None:
+        if node.status != status:
+            node.status = status
+            node.epoch += 1
+
+    def reported(self, node: Node) -> None:
+        """An accepted alloc-updated: the first from an initializing node readies it."""
+        if node.status == INIT:
+            self.set_status(node, READY)
+
+    def terminate(self, a: Alloc, status: str, reap_low: float = 5, reap_high: float = 60) -> None:
+        a.client = status
+        a.stage += 1
+        node = a.node
+        if a.slot is not None and node.table[a.slot] == a.id:
+            node.table[a.slot] = None
+            node.dirty = True
+            self.released.append((a.id, node, a.slot))
+        held = self.held
+        for addr in a.addrs:
+            if held.get(addr) is a:
+                del held[addr]
+                self.free_addrs.append(addr)
+        self.schedule(self.after(reap_low, reap_high), K_REAP, a, a.stage)
+
+    def lose(self, a: Alloc) -> None:
+        if a.desired == RUN:
+            a.desired = STOP
+        self.terminate(a, LOST, 30, 300)
+
+    def cascade(self, node: Node, status: str) -> list[Node]:
+        """node-down / node-removed on node and every node below it."""
+        changed = []
+        stack = [node]
+        while stack:
+            x = stack.pop()
+            if x.status != REMOVED and x.status != status:
+                self.set_status(x, status)
+                changed.append(x)
+                for a in list(x.allocs.values()):
+                    if a.client not in TERMINAL:
+                        self.lose(a)
+            stack.extend(reversed(x.children))
+        return changed
+
+    def down_fate(self, downed: list[Node]) -> None:
+        """A node just went down: it comes back later, or is removed."""
+        if not downed:
+            return
+        root = downed[0]
+        if self.rng.random() < 0.75:
+            delay = self.after(30, 300)
+            for x in downed:
+                self.schedule(delay, K_RETURN, x, x.epoch)
+                delay += self.after(0.5, 5)
+        else:
+            self.schedule(self.after(5, 60), K_REMOVE, root, root.epoch)
+
+    def heartbeat(self, node: Node, zombie: tuple[int, str] | None = None) -> Body:
+        status = node.status
+        if status != READY:
+            if status == DISC and self.has_reconnecting(node):
+                self.set_status(node, INIT)
+            else:
+                self.set_status(node, READY)
+        node.beats += 1
+        body: dict[str, Any] = {"node": node.name}
+        if node.slots and (node.dirty or zombie or node.beats % SLOT_REPORT_EVERY == node.phase):
+            node.dirty = False
+            report = [{"slot": k, "alloc": a} for k, a in enumerate(node.table)]
+            if zombie is not None:
+                report[zombie[0]]["alloc"] = zombie[1]
+            body["slots"] = report
+        return ("heartbeat", body)
+
+    def next_heartbeat(self) -> Body:
+        nodes = self.nodes
+        count = len(nodes)
+        p = self.rr
+        for _ in range(count):
+            node = nodes[p]
+            p += 1
+            if p == count:
+                p = 0
+            if node.status == READY or node.status == INIT:
+                self.rr = p
+                return self.heartbeat(node)
+        self.rr = p
+        return self.register()  # every node is away: a new one joins
+
+    # ------------------------------------------------- spontaneous events
+
+    def register(self) -> Body:
+        parent = self.pick_host() if self.rng.random() < 0.3 else None
+        node = self.new_node(parent)
+        self.schedule(self.after(0.2, 3), K_RETURN, node, node.epoch)
+        return self.registered(node)
+
+    def place(self) -> Body | None:
+        rng = self.rng
+        slotless = self.slots == 0 or rng.random() < SLOTLESS_SHARE
+        slot: int | None = None
+        for _ in range(6):
+            node = self.pick(1)
+            if node is None:
+                continue
+            if slotless:
+                break
+            table = node.table
+            if None in table:
+                slot = table.index(None)
+                break
+        else:
+            return None
+        if slotless or rng.random() < 0.35:
+            addrs: tuple[str, ...] = (self.new_address(),)
+            if rng.random() < 0.1:
+                addrs += (self.new_address(),)
+        else:
+            addrs = ()
+        maxdc = rng.choice(MAX_DISCONNECT_CHOICES) if rng.random() < P_MAX_DISCONNECT else None
+        service = rng.random() < SERVICE_SHARE
+        job = f"{'svc' if service else 'batch'}-{rng.randrange(self.jobs):03d}"
+        self.alloc_count += 1
+        a = Alloc(f"a{self.alloc_count:07d}", node, job, slot, addrs, maxdc, service)
+        node.allocs[a.id] = a
+        if slot is not None:
+            node.table[slot] = a.id
+        for addr in addrs:
+            self.held[addr] = a
+        self.schedule(self.after(0.5, 8), K_RUN, a, a.stage)
+        body: dict[str, Any] = {"alloc": a.id, "node": node.name, "job": job}
+        if slot is not None:
+            body["slot"] = slot
+        if addrs:
+            body["addresses"] = list(addrs)
+        if maxdc is not None:
+            body["max_disconnect"] = maxdc
+        return ("alloc-placed", body)
+
+    def miss(self) -> Body | None:
+        """A missed heartbeat: disconnect (allocs to keep) or down (none)."""
+        chosen = None
+        for _ in range(5):
+            node = self.pick(1)
+            if node is None:
+                continue
+            chosen = node
+            if any(a.maxdc and a.client == RUNNING for a in node.allocs.values()):
+                break
+        if chosen is None:
+            return None
+        node = chosen
+        body = ("heartbeat-missed", {"node": node.name})
+        keeps = any(
+            a.maxdc and a.desired == RUN and a.client not in TERMINAL for a in node.allocs.values()
+        )
+        if not keeps:
+            self.down_fate(self.cascade(node, DOWN))
+            return body
+        self.set_status(node, DISC)
+        unknown = []
+        for a in list(node.allocs.values()):
+            if a.client in TERMINAL:
+                continue
+            if a.client == RUNNING and a.maxdc:
+                a.client = UNKNOWN
+                unknown.append(a)
+            else:
+                self.lose(a)
+        rng = self.rng
+        if unknown and rng.random() < 0.12:
+            deadline = min(a.maxdc for a in unknown if a.maxdc)
+            self.schedule(int(deadline * self.per_second) + 1, K_EXPIRE, node, node.epoch)
+            away = int(deadline * self.per_second)
+        else:
+            away = self.after(10, 50)
+            self.schedule(away, K_RETURN, node, node.epoch)
+        if unknown and rng.random() < P_NOMAD_RACE:
+            self.schedule(max(1, away // 2), K_NOMAD, unknown[0], node.epoch)
+        return body
+
+    def node_down(self) -> Body | None:
+        node = self.pick(3)
+        if node is None:
+            return None
+        reason = self.rng.choice(DOWN_REASONS)
+        self.down_fate(self.cascade(node, DOWN))
+        return ("node-down", {"node": node.name, "reason": reason})
+
+    def node_removed(self) -> Body | None:
+        node = self.pick(3)
+        if node is None:
+            return None
+        self.cascade(node, REMOVED)
+        return ("node-removed", {"node": node.name})
+
+    def suspect(self) -> Body | None:
+        node = self.pick(3)
+        if node is None:
+            return None
+        node.health = SUSPECT
+        self.schedule(self.after(2, 20), K_HEALTH, node, 0)
+        return ("node-suspected", {"node": node.name, "reason": self.rng.choice(SUSPECT_REASONS)})
+
+    def flink_race(self) -> Body | None:
+        """Place a new allocation on a slot another allocation holds."""
+        for _ in range(8):
+            node = self.pick(1)
+            if node is None or not node.slots:
+                continue
+            held = [k for k, a in enumerate(node.table) if a is not None]
+            if held:
+                self.alloc_count += 1
+                job = f"batch-{self.rng.randrange(self.jobs):03d}"
+                body = {
+                    "alloc": f"a{self.alloc_count:07d}",
+                    "node": node.name,
+                    "job": job,
+                    "slot": self.rng.choice(held),
+                }
+                return ("alloc-placed", body)
+        return None
+
+    def zombie_race(self) -> Body | None:
+        """A slot report that still shows an allocation history released."""
+        released = self.released
+        for _ in range(min(8, len(released))):
+            alloc_id, node, slot = released[self.rng.randrange(len(released))]
+            if node.status == READY and node.table[slot] is None:
+                return self.heartbeat(node, (slot, alloc_id))
+        return None
+
+    # ------------------------------------------------ scheduled follow-ups
+
+    def follow_up(self, kind: int, target: Any, token: int) -> Body | None:
+        if kind <= K_REAP:
+            return self.lifecycle(kind, target, token)
+        if kind == K_RETURN:
+            node = target
+            if node.epoch != token or node.status == REMOVED:
+                return None
+            body = self.heartbeat(node)
+            if node.status == INIT:
+                delay = 0
+                for a in node.allocs.values():
+                    if a.client == UNKNOWN:
+                        delay += self.after(0.1, 1)
+                        self.schedule(delay, K_RECONNECT, a, a.stage)
+            if node.health == SUSPECT:
+                self.schedule(self.after(2, 20), K_HEALTH, node, 0)
+            return body
+        if kind == K_RECONNECT:
+            a = target
+            if a.stage != token or a.client != UNKNOWN or a.node.status not in CONNECTED:
+                return None
+            self.reported(a.node)
+            if self.rng.random() < 0.05:  # it finished while the node was away
+                self.terminate(a, COMPLETE)
+                return ("alloc-updated", {"alloc": a.id, "client_status": COMPLETE})
+            a.client = RUNNING
+            return ("alloc-updated", {"alloc": a.id, "client_status": RUNNING})
+        if kind == K_EXPIRE:
+            node = target
+            if node.epoch != token or node.status != DISC:
+                return None
+            self.down_fate(self.cascade(node, DOWN))
+            return ("node-down", {"node": node.name, "reason": "max disconnect expired"})
+        if kind == K_HEALTH:
+            node = target
+            if node.health != SUSPECT or node.status not in CONNECTED:
+                if node.status == DISC:
+                    self.schedule(self.after(5, 20), K_HEALTH, node, 0)
+                return None
+            passed = self.rng.random() < 0.92
+            if passed:
+                node.health = OK
+            else:
+                self.down_fate(self.cascade(node, DOWN))
+            return ("health-checked", {"node": node.name, "passed": passed})
+        if kind == K_REMOVE:
+            node = target
+            if node.epoch != token or node.status == REMOVED:
+                return None
+            self.cascade(node, REMOVED)
+            return ("node-removed", {"node": node.name})
+        if kind == K_NOMAD:
+            a = target
+            node = a.node
+            if node.epoch != token or node.status != DISC or a.client != UNKNOWN:
+                return None
+            return ("alloc-updated", {"alloc": a.id, "client_status": RUNNING})
+        if kind == K_SWARM:
+            a = target
+            if a.stage != token or a.client in TERMINAL:
+                return None
+            node = self.pick(4)
+            if node is None:
+                return None
+            self.alloc_count += 1
+            body: dict[str, Any] = {"alloc": f"a{self.alloc_count:07d}", "node": node.name, "job": a.job}
+            if None in node.table:
+                body["slot"] = node.table.index(None)
+            body["addresses"] = [a.addrs[0]]
+            return ("alloc-placed", body)
+        raise AssertionError(kind)
+
+    def lifecycle(self, kind: int, a: Alloc, token: int) -> Body | None:
+        if a.stage != token:
+            return None
+        node = a.node
+        if kind == K_REAP:
+            if a.desired != REMOVE and self.rng.random() < 0.3:
+                a.desired = REMOVE
+                self.schedule(self.after(1, 20), K_REAP, a, a.stage)
+                return ("alloc-remove-requested", {"alloc": a.id})
+            a.stage += 1
+            del node.allocs[a.id]
+            return ("alloc-removed", {"alloc": a.id})
+        if node.status not in CONNECTED or a.client == UNKNOWN:
+            self.schedule(self.after(5, 30), kind, a, token)  # wait for the node
+            return None
+        rng = self.rng
+        if kind == K_RUN:
+            a.client = RUNNING
+            a.stage += 1
+            self.reported(node)
+            if a.service:
+                life = 1 + int(rng.expovariate(1 / self.service_life))
+            else:
+                life = self.after(5, 240)
+            self.schedule(life, K_END, a, a.stage)
+            return ("alloc-updated", {"alloc": a.id, "client_status": RUNNING})
+        if kind == K_END:
+            r = rng.random()
+            if r < 0.45:
+                self.reported(node)
+                self.terminate(a, COMPLETE)
+                return ("alloc-updated", {"alloc": a.id, "client_status": COMPLETE})
+            if r < 0.62:
+                self.reported(node)
+                self.terminate(a, FAILED)
+                return ("alloc-updated", {"alloc": a.id, "client_status": FAILED, "blame": "alloc"})
+            if r < 0.635 and node.health == OK:
+                self.reported(node)
+                self.terminate(a, FAILED)
+                node.health = SUSPECT
+                self.schedule(self.after(1, 10), K_HEALTH, node, 0)
+                return ("alloc-updated", {"alloc": a.id, "client_status": FAILED, "blame": "node"})
+            a.stage += 1
+            self.schedule(self.after(1, 15), K_STOPPED, a, a.stage)
+            if a.addrs and rng.random() < P_SWARM_RACE:
+                self.schedule(self.after(0.1, 0.9), K_SWARM, a, a.stage)
+            if r < 0.82:
+                a.desired = STOP
+                return ("alloc-stop-requested", {"alloc": a.id})
+            a.desired = REMOVE
+            return ("alloc-remove-requested", {"alloc": a.id})
+        if kind == K_STOPPED:
+            self.reported(node)
+            if rng.random() < 0.95:
+                self.terminate(a, COMPLETE)
+                return ("alloc-updated", {"alloc": a.id, "client_status": COMPLETE})
+            self.terminate(a, FAILED)
+            return ("alloc-updated", {"alloc": a.id, "client_status": FAILED, "blame": "alloc"})
+        raise AssertionError(kind)
+
+    # ------------------------------------------------------------ stream
+
+    def bodies(self) -> Iterator[Body]:
+        rng = self.rng
+        for k in range(self.initial_nodes):
+            parent = None
+            if k >= 4 and rng.random() < 0.1:
+                parent = self.hosts[rng.randrange(len(self.hosts))]
+            yield self.registered(self.new_node(parent))
+        for node in list(self.nodes):
+            yield self.heartbeat(node)
+
+        heap = self.heap
+        heappop = heapq.heappop
+        random = rng.random
+        follow_up = self.follow_up
+        next_heartbeat = self.next_heartbeat
+        t_place = P_PLACE
+        t_missed = t_place + P_MISSED
+        t_register = t_missed + P_REGISTER
+        t_down = t_register + P_DOWN
+        t_remove = t_down + P_REMOVE
+        t_suspect = t_remove + P_SUSPECT
+        t_flink = t_suspect + P_FLINK
+        t_zombie = t_flink + P_ZOMBIE
+        while True:
+            i = self.i
+            if heap and heap[0][0] <= i:
+                _, _, kind, target, token = heappop(heap)
+                body = follow_up(kind, target, token)
+                if body is not None:
+                    yield body
+                continue
+            r = random()
+            if r >= t_zombie:
+                yield next_heartbeat()
+                continue
+            if r < t_place:
+                body = self.place()
+            elif r < t_missed:
+                body = self.miss()
+            elif r < t_register:
+                body = self.register()
+            elif r < t_down:
+                body = self.node_down()
+            elif r < t_remove:
+                body = self.node_removed()
+            elif r < t_suspect:
+                body = self.suspect()
+            elif r < t_flink:
+                body = self.flink_race()
+            else:
+                body = self.zombie_race()
+            yield next_heartbeat() if body is None else body
+
+    def __iter__(self) -> Iterator[dict[str, Any]]:
+        total = self.events
+        if total <= 0:
+            return
+        ids = self.ids
+        source = self.source
+        width = max(6, len(str(total)))
+        start_us = self.start_us
+        dt_us = self.dt_us
+        last_ms = None
+        last_sec = None
+        prefix = ""
+        at = ""
+        bodies = self.bodies()
+        for i in range(total):
+            self.i = i
+            kind, body = next(bodies)
+            ms = (start_us + i * dt_us) // 1000
+            if ms != last_ms:
+                last_ms = ms
+                sec = ms // 1000
+                if sec != last_sec:
+                    last_sec = sec
+                    prefix = (_EPOCH + timedelta(seconds=sec)).strftime("%Y-%m-%dT%H:%M:%S")
+                at = f"{prefix}.{ms - sec * 1000:03d}Z"
+            event: dict[str, Any] = {"type": kind}
+            if ids:
+                event["id"] = f"e{i + 1:0{width}d}"
+            event["at"] = at
+            if source:
+                event["source"] = source
+            event.update(body)
+            yield event
+
+
+def generate(
+    events: int,
+    nodes: int,
+    slots: int,
+    seed: int,
+    start: str | datetime = DEFAULT_START,
+    ids: bool = True,
+    source: str | None = DEFAULT_SOURCE,
+) -> Iterator[dict[str, Any]]:
+    """Yield exactly `events` event dicts of a simulated cluster history.
+
+    The first events register `nodes` nodes (some of them working copies
+    with a parent host), then each heartbeats once; placements, status
+    updates, disconnects and the rest follow. Streams: memory is bounded by
+    the cluster's size, not by `events`.
+    """
+    return iter(_Simulation(events, nodes, slots, seed, start, ids, source))
+
+
+def _count(minimum: int):  # type: ignore[no-untyped-def]
+    def convert(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"must be >= {minimum}: {value}")
+        return value
+
+    return convert
+
+
+def _timestamp(text: str) -> str:
+    try:
+        parse_start(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not an RFC 3339 timestamp: {text!r}") from None
+    return text
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="simulate.py",
+        description=(
+            "Write a deterministic, realistic cluster history as JSON Lines "
+            "(alloc-ledger events), with a few races the ledger rejects or flags."
+        ),
+        epilog="example: python scripts/simulate.py --events 100000 --nodes 1000 --seed 7 > history.jsonl",
+    )
+    parser.add_argument("--events", type=_count(0), default=1000, help="exact number of events (default 1000)")
+    parser.add_argument("--nodes", type=_count(1), default=10, help="nodes registered at the start (default 10)")
+    parser.add_argument("--slots", type=_count(0), default=4, help="slots per node (default 4)")
+    parser.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
+    parser.add_argument(
+        "--start", type=_timestamp, default=DEFAULT_START, help=f"time of the first event, RFC 3339 (default {DEFAULT_START})"
+    )
+    parser.add_argument(
+        "--ids",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="give every event a unique id like e000001 (default: on)",
+    )
+    parser.add_argument("--source", default=DEFAULT_SOURCE, help=f"source field of every event, '' for none (default {DEFAULT_SOURCE})")
+    parser.add_argument("--out", metavar="FILE", help="write to FILE instead of standard output")
+    args = parser.parse_args(argv)
+
+    stream = generate(args.events, args.nodes, args.slots, args.seed, args.start, args.ids, args.source or None)
+    encode = json.JSONEncoder(separators=(",", ":"), check_circular=False).encode
+    out = open(args.out, "w", encoding="utf-8", newline="\n") if args.out else sys.stdout
+    try:
+        lines: list[str] = []
+        append = lines.append
+        for event in stream:
+            append(encode(event))
+            if len(lines) >= 8192:
+                append("")
+                out.write("\n".join(lines))
+                lines.clear()
+        if lines:
+            append("")
+            out.write("\n".join(lines))
+        out.flush()
+    except BrokenPipeError:
+        # The reader went away (| head): stop quietly, like other filters.
+        import os
+
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return 1
+    except OSError as error:
+        print(f"simulate.py: error: {error}", file=sys.stderr)
+        return 1
+    finally:
+        if out is not sys.stdout:
+            out.close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
