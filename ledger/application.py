@@ -17,7 +17,7 @@ from ledger.domain import AlreadyPlaced, Cluster, touched_by
 from ledger.errors import InvalidEvent, RuleViolation
 from ledger.events import Event
 from ledger.model import Fact
-from ledger.records import REJECTED, Record, encode, replay
+from ledger.records import REJECTED, Record, decode, encode, replay
 from ledger.store import Store, open_store
 from projections.rows import Statements, TableSource, write_changes
 
@@ -160,14 +160,33 @@ class Ledger:
         effects = sorted({t for t in touches if t not in named})
         return Record(position, event.type, data, recorded_at, effects)  # type: ignore[attr-defined]
 
+    def lag(self) -> int:
+        """How many positions the projection tables are behind the log."""
+        with self.store.reading() as cursor:
+            return self.store.head(cursor) - self.store.tracked(cursor)
+
+    def project(self) -> tuple[int, int]:
+        """Bring the projection tables up to date; return (from, to) positions."""
+        if self.lag() == 0:
+            with self.store.reading() as cursor:
+                head = self.store.head(cursor)
+            return head, head
+        with self.store.writing() as cursor:
+            self.source.cursor = cursor
+            self.cluster.forget()
+            start, head = self.store.tracked(cursor), self.store.head(cursor)
+            self._catch_up(cursor, head)
+        self._head = None
+        return start, head
+
     def _catch_up(self, cursor: Any, head: int) -> None:
         """Bring the projection tables to the head of the log before deciding."""
         tracked = self.store.tracked(cursor)
         if tracked >= head:
             return
-        from ledger.records import decode
-
-        for stored in self.store.read_log(tracked, head):
+        for count, stored in enumerate(self.store.read_log(tracked, head), 1):
             replay(self.cluster, decode(stored))
-            write_changes(cursor, self.sql, self.cluster.take_changes())
+            if count % 1000 == 0:
+                write_changes(cursor, self.sql, self.cluster.take_changes())
+        write_changes(cursor, self.sql, self.cluster.take_changes())
         self.store.track(cursor, head)

@@ -14,7 +14,7 @@ from contextlib import contextmanager
 from typing import Any
 
 from eventsourcing.persistence import PersistenceError, StoredEvent, Tracking
-from eventsourcing.sqlite import SQLiteCursor, SQLiteDatastore, SQLiteProcessRecorder
+from eventsourcing.sqlite import SQLiteDatastore, SQLiteProcessRecorder
 
 from ledger.errors import StoreUnavailable
 from ledger.store import LEDGER_STREAM, PROJECTIONS
@@ -79,10 +79,10 @@ class SQLiteStore:
             cursor.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
 
     @contextmanager
-    def writing(self) -> Iterator[SQLiteCursor]:
+    def writing(self) -> Iterator[sqlite3.Cursor]:
         try:
             with self.datastore.get_connection(commit=True) as connection:
-                cursor = connection.cursor()
+                cursor = connection.cursor().sqlite_cursor
                 cursor.execute("PRAGMA synchronous = FULL")
                 cursor.execute("BEGIN IMMEDIATE")
                 try:
@@ -97,10 +97,10 @@ class SQLiteStore:
             raise StoreUnavailable(f"store {self.url}: {describe(error)}") from None
 
     @contextmanager
-    def reading(self) -> Iterator[SQLiteCursor]:
+    def reading(self) -> Iterator[sqlite3.Cursor]:
         try:
             with self.datastore.transaction(commit=False) as cursor:
-                yield cursor
+                yield cursor.sqlite_cursor
         except (sqlite3.Error, PersistenceError) as error:
             raise StoreUnavailable(f"store {self.url}: {describe(error)}") from None
 

@@ -34,7 +34,7 @@ import heapq
 import json
 import sys
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from datetime import datetime, timedelta, timezone
 from random import Random
 from typing import Any
@@ -50,9 +50,9 @@ HEARTBEAT_SHARE = 0.75
 SLOT_REPORT_EVERY = 5  # a full slot report with every 5th heartbeat of a node
 
 # Probabilities of the spontaneous (not scheduled) happenings, per event.
-P_PLACE = 0.028
-P_MISSED = 0.003
-P_REGISTER = 0.0003
+P_PLACE = 0.06
+P_MISSED = 0.0105
+P_REGISTER = 0.0004
 P_DOWN = 0.0002
 P_REMOVE = 0.00008
 P_SUSPECT = 0.0001
@@ -64,7 +64,7 @@ SERVICE_SHARE = 0.4  # long-running services; the rest are batch jobs
 TARGET_OCCUPANCY = 0.5  # share of slots the services keep busy
 MAX_DISCONNECT_CHOICES = (60, 120, 300, 600, 900)
 P_MAX_DISCONNECT = 0.35
-P_NOMAD_RACE = 0.15  # per disconnect episode with allocations to reconnect
+P_NOMAD_RACE = 0.04  # per disconnect episode with allocations to reconnect
 P_SWARM_RACE = 0.05  # per stop/remove request of an allocation with addresses
 ADDRESS_REUSE_AFTER = 32  # released addresses wait in a queue before reuse
 
@@ -222,6 +222,15 @@ class _Simulation:
         self.free_addrs: deque[str] = deque()
         self.addr_count = 0
         self.released: deque[tuple[str, Node, int]] = deque(maxlen=64)
+        self.rare: tuple[tuple[float, Callable[[], Body | None]], ...] = (
+            (P_MISSED, self.miss),
+            (P_REGISTER, self.register),
+            (P_DOWN, self.node_down),
+            (P_REMOVE, self.node_removed),
+            (P_SUSPECT, self.suspect),
+            (P_FLINK, self.flink_race),
+            (P_ZOMBIE, self.zombie_race),
+        )
 
     # ----------------------------------------------------------- helpers
 
@@ -329,13 +338,15 @@ class _Simulation:
             stack.extend(reversed(x.children))
         return changed
 
-    def down_fate(self, downed: list[Node]) -> None:
-        """A node just went down: it comes back later, or is removed."""
+    def down_fate(
+        self, downed: list[Node], low: float = 30, high: float = 300, p_removed: float = 0.25
+    ) -> None:
+        """Nodes just went down (root first): they come back later, or are removed."""
         if not downed:
             return
         root = downed[0]
-        if self.rng.random() < 0.75:
-            delay = self.after(30, 300)
+        if self.rng.random() >= p_removed:
+            delay = self.after(low, high)
             for x in downed:
                 self.schedule(delay, K_RETURN, x, x.epoch)
                 delay += self.after(0.5, 5)
@@ -441,8 +452,8 @@ class _Simulation:
         keeps = any(
             a.maxdc and a.desired == RUN and a.client not in TERMINAL for a in node.allocs.values()
         )
-        if not keeps:
-            self.down_fate(self.cascade(node, DOWN))
+        if not keeps:  # nothing to wait for: down, and usually back soon
+            self.down_fate(self.cascade(node, DOWN), 10, 60, 0.05)
             return body
         self.set_status(node, DISC)
         unknown = []
@@ -653,7 +664,8 @@ class _Simulation:
 
     # ------------------------------------------------------------ stream
 
-    def bodies(self) -> Iterator[Body]:
+    def bootstrap(self) -> Iterator[Body]:
+        """Register the nodes (a tenth are working copies on hosts), then a heartbeat each."""
         rng = self.rng
         for k in range(self.initial_nodes):
             parent = None
@@ -663,67 +675,43 @@ class _Simulation:
         for node in list(self.nodes):
             yield self.heartbeat(node)
 
-        heap = self.heap
-        heappop = heapq.heappop
-        random = rng.random
-        follow_up = self.follow_up
-        next_heartbeat = self.next_heartbeat
-        t_place = P_PLACE
-        t_missed = t_place + P_MISSED
-        t_register = t_missed + P_REGISTER
-        t_down = t_register + P_DOWN
-        t_remove = t_down + P_REMOVE
-        t_suspect = t_remove + P_SUSPECT
-        t_flink = t_suspect + P_FLINK
-        t_zombie = t_flink + P_ZOMBIE
-        while True:
-            i = self.i
-            if heap and heap[0][0] <= i:
-                _, _, kind, target, token = heappop(heap)
-                body = follow_up(kind, target, token)
-                if body is not None:
-                    yield body
-                continue
-            r = random()
-            if r >= t_zombie:
-                yield next_heartbeat()
-                continue
-            if r < t_place:
-                body = self.place()
-            elif r < t_missed:
-                body = self.miss()
-            elif r < t_register:
-                body = self.register()
-            elif r < t_down:
-                body = self.node_down()
-            elif r < t_remove:
-                body = self.node_removed()
-            elif r < t_suspect:
-                body = self.suspect()
-            elif r < t_flink:
-                body = self.flink_race()
-            else:
-                body = self.zombie_race()
-            yield next_heartbeat() if body is None else body
+    def spontaneous(self, r: float) -> Body | None:
+        """The rare happenings, chosen by r in [0, P_RARE)."""
+        r -= P_PLACE
+        if r < 0:
+            return self.place()
+        for probability, happen in self.rare:
+            r -= probability
+            if r < 0:
+                return happen()
+        return None
 
     def __iter__(self) -> Iterator[dict[str, Any]]:
         total = self.events
-        if total <= 0:
-            return
         ids = self.ids
         source = self.source
-        width = max(6, len(str(total)))
-        start_us = self.start_us
+        id_format = f"e{{:0{max(6, len(str(total)))}d}}".format
+        t_us = self.start_us
         dt_us = self.dt_us
         last_ms = None
         last_sec = None
         prefix = ""
         at = ""
-        bodies = self.bodies()
+        boot = self.bootstrap()
+        boot_events = 2 * self.initial_nodes
+        heap = self.heap
+        heappop = heapq.heappop
+        random = self.rng.random
+        follow_up = self.follow_up
+        spontaneous = self.spontaneous
+        next_heartbeat = self.next_heartbeat
+        nodes = self.nodes
+        p_rare = P_PLACE + sum(probability for probability, _ in self.rare)
+        both = bool(ids and source)
         for i in range(total):
             self.i = i
-            kind, body = next(bodies)
-            ms = (start_us + i * dt_us) // 1000
+            ms = t_us // 1000
+            t_us += dt_us
             if ms != last_ms:
                 last_ms = ms
                 sec = ms // 1000
@@ -731,9 +719,44 @@ class _Simulation:
                     last_sec = sec
                     prefix = (_EPOCH + timedelta(seconds=sec)).strftime("%Y-%m-%dT%H:%M:%S")
                 at = f"{prefix}.{ms - sec * 1000:03d}Z"
+            if i < boot_events:
+                kind, body = next(boot)
+            else:
+                while True:
+                    if heap and heap[0][0] <= i:
+                        _, _, action, target, token = heappop(heap)
+                        step = follow_up(action, target, token)
+                        if step is None:
+                            continue
+                        kind, body = step
+                        break
+                    r = random()
+                    if r < p_rare:
+                        step = spontaneous(r)
+                        if step is not None:
+                            kind, body = step
+                            break
+                    # The common case, a plain heartbeat from a ready node, inline.
+                    rr = self.rr
+                    node = nodes[rr]
+                    rr += 1
+                    self.rr = 0 if rr >= len(nodes) else rr
+                    if node.status == READY and not node.dirty:
+                        beats = node.beats + 1
+                        if beats % SLOT_REPORT_EVERY != node.phase or not node.slots:
+                            node.beats = beats
+                            kind = "heartbeat"
+                            body = {"node": node.name}
+                            break
+                    self.rr = rr - 1
+                    kind, body = next_heartbeat()
+                    break
+            if both:
+                yield {"type": kind, "id": id_format(i + 1), "at": at, "source": source, **body}
+                continue
             event: dict[str, Any] = {"type": kind}
             if ids:
-                event["id"] = f"e{i + 1:0{width}d}"
+                event["id"] = id_format(i + 1)
             event["at"] = at
             if source:
                 event["source"] = source
@@ -758,6 +781,21 @@ def generate(
     the cluster's size, not by `events`.
     """
     return iter(_Simulation(events, nodes, slots, seed, start, ids, source))
+
+
+def _line_encoder() -> Callable[[Any], str]:
+    """json.dumps(event, separators=(",", ":")), minus its per-call setup."""
+    encoder = json.JSONEncoder(separators=(",", ":"), check_circular=False)
+    make = getattr(json.encoder, "c_make_encoder", None)
+    if make is None:
+        return encoder.encode
+    chunks = make(None, encoder.default, json.encoder.encode_basestring_ascii, None, ":", ",", False, False, True)
+    join = "".join
+
+    def encode(event: Any) -> str:
+        return join(chunks(event, 0))
+
+    return encode
 
 
 def _count(minimum: int):  # type: ignore[no-untyped-def]
@@ -808,7 +846,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     stream = generate(args.events, args.nodes, args.slots, args.seed, args.start, args.ids, args.source or None)
-    encode = json.JSONEncoder(separators=(",", ":"), check_circular=False).encode
+    encode = _line_encoder()
     out = open(args.out, "w", encoding="utf-8", newline="\n") if args.out else sys.stdout
     try:
         lines: list[str] = []

@@ -1,0 +1,85 @@
+"""The ``alloc-ledger`` command group: options shared by every command,
+and the one place library errors become one-line messages and exit codes."""
+
+from __future__ import annotations
+
+import os
+import sys
+from typing import Any
+
+import click
+
+from ledger.errors import LedgerError, StoreUnavailable
+
+
+class StoreError(click.ClickException):
+    """The store cannot be opened or reached: exit 3."""
+
+    exit_code = 3
+
+
+class LedgerGroup(click.Group):
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except StoreUnavailable as error:
+            raise StoreError(str(error)) from None
+        except LedgerError as error:
+            raise click.ClickException(str(error)) from None
+        except (click.ClickException, click.exceptions.Exit, click.Abort):
+            raise
+        except KeyboardInterrupt:
+            raise click.Abort() from None
+        except BrokenPipeError:
+            sys.stderr.close()
+            raise click.exceptions.Exit(1) from None
+        except Exception as error:  # never a traceback for users
+            if os.environ.get("ALLOC_LEDGER_DEBUG"):
+                raise
+            raise click.ClickException(
+                f"internal error: {type(error).__name__}: {error} "
+                "(set ALLOC_LEDGER_DEBUG=1 for the traceback)"
+            ) from None
+
+
+@click.group(cls=LedgerGroup)
+@click.option(
+    "--store",
+    envvar="ALLOC_LEDGER_STORE",
+    default="sqlite:///alloc-ledger.db",
+    show_default=True,
+    help="Store URL: sqlite:///path.db or postgresql://user:pass@host:port/db[?schema=name].",
+)
+@click.version_option(package_name="alloc-ledger")
+@click.pass_context
+def cli(ctx: click.Context, store: str) -> None:
+    """An event-sourced ledger of cluster allocation lifecycles.
+
+    Submit heartbeats, placements, disconnects, reconnects and removals as
+    events; ask which allocations need to reconnect, which slots are
+    zombies, which addresses are still held, which nodes are suspect.
+
+    Example: alloc-ledger submit heartbeat --node n1
+    """
+    ctx.obj = {"store": store}
+
+
+def store_of(ctx: click.Context) -> str:
+    return str(ctx.find_root().obj["store"])
+
+
+def register() -> None:
+    from commands import admin, demo, query, submit
+
+    cli.add_command(submit.submit)
+    cli.add_command(query.query)
+    cli.add_command(admin.project)
+    cli.add_command(admin.schema)
+    cli.add_command(demo.demo)
+
+
+register()
+
+
+def main() -> None:
+    cli(prog_name="alloc-ledger")

@@ -1,0 +1,187 @@
+"""``alloc-ledger query NAME``: the questions, live or as of any point."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from datetime import UTC, datetime
+from typing import Any
+
+import click
+
+from commands.cli import store_of
+from commands.output import emit, emit_object, format_option
+from ledger.application import Ledger
+from ledger.errors import LedgerError
+from ledger.events import timestamp
+from ledger.store import open_store
+from projections.asof import AsOf, state_at
+from projections.history import history as history_of
+from projections.queries import COLUMNS, Queries
+
+
+@click.group()
+def query() -> None:
+    """Ask the ledger a question: alloc-ledger query NAME [--as-of P] [--format F]."""
+
+
+def query_options(command: Callable[..., Any]) -> Callable[..., Any]:
+    command = format_option(command)
+    return click.option(
+        "--as-of",
+        "as_of",
+        metavar="POSITION|TIMESTAMP",
+        help="Answer from history as it was right after a position, or at an RFC 3339 time.",
+    )(command)
+
+
+def _point(as_of: str | None) -> AsOf | None:
+    if as_of is None:
+        return None
+    try:
+        return AsOf.parse(as_of)
+    except LedgerError as error:
+        raise click.BadParameter(str(error), param_hint="--as-of") from None
+
+
+@contextmanager
+def answering(ctx: click.Context, as_of: str | None) -> Iterator[tuple[Queries, int | None]]:
+    """Queries over the live tables (brought up to date), or over history replayed."""
+    point = _point(as_of)
+    store = open_store(store_of(ctx))
+    try:
+        if point is not None:
+            connection, position = state_at(store, point)
+            yield Queries(connection.cursor()), position
+            return
+        Ledger(store).project()
+        with store.reading() as cursor:
+            yield Queries(cursor, store.param), None
+    finally:
+        store.close()
+
+
+def _named(name: str, help_text: str) -> Callable[[Callable[..., Any]], click.Command]:
+    def decorate(function: Callable[..., Any]) -> click.Command:
+        function.__doc__ = help_text
+        return query.command(name)(query_options(click.pass_context(function)))
+
+    return decorate
+
+
+@_named("needs-reconnect", """Allocations whose last alloc state is unknown (Nomad NeedsToReconnect).
+
+    Example: alloc-ledger query needs-reconnect --now 2026-01-01T00:10:00Z""")
+@click.option("--now", help="Time to judge deadlines against (RFC 3339; default: now).")
+def needs_reconnect(ctx: click.Context, as_of: str | None, fmt: str | None, now: str | None) -> None:
+    moment = _parse_now(now)
+    with answering(ctx, as_of) as (q, _):
+        emit(q.needs_reconnect(moment), COLUMNS["needs-reconnect"], fmt)
+
+
+def _parse_now(now: str | None) -> str:
+    if now is None:
+        return timestamp(datetime.now(UTC))
+    point = _point(now)
+    if point is None or point.at is None:
+        raise click.BadParameter("give an RFC 3339 time", param_hint="--now")
+    return point.at
+
+
+@_named("zombie-slots", """Slots a node reports as held although history says otherwise.
+
+    Example: alloc-ledger query zombie-slots --format csv""")
+def zombie_slots(ctx: click.Context, as_of: str | None, fmt: str | None) -> None:
+    with answering(ctx, as_of) as (q, _):
+        emit(q.zombie_slots(), COLUMNS["zombie-slots"], fmt)
+
+
+@_named("slots", """The slot table per node: the ledger's view and the node's last report.
+
+    Example: alloc-ledger query slots --node n1""")
+@click.option("--node", help="Only this node.")
+def slots(ctx: click.Context, as_of: str | None, fmt: str | None, node: str | None) -> None:
+    with answering(ctx, as_of) as (q, _):
+        emit(q.slots(node), COLUMNS["slots"], fmt)
+
+
+@_named("nodes", """Nodes with status, health and last heartbeat.
+
+    Example: alloc-ledger query nodes --as-of 120""")
+def nodes(ctx: click.Context, as_of: str | None, fmt: str | None) -> None:
+    with answering(ctx, as_of) as (q, _):
+        emit(q.nodes(), COLUMNS["nodes"], fmt)
+
+
+@_named("allocs", """Allocations (not yet removed), optionally filtered.
+
+    Example: alloc-ledger query allocs --node n1 --status running""")
+@click.option("--node", help="Only allocations on this node.")
+@click.option("--job", help="Only allocations of this job.")
+@click.option("--status", help="Only allocations with this client status.")
+def allocs(
+    ctx: click.Context, as_of: str | None, fmt: str | None,
+    node: str | None, job: str | None, status: str | None,
+) -> None:
+    with answering(ctx, as_of) as (q, _):
+        emit(q.allocs(node, job, status), COLUMNS["allocs"], fmt)
+
+
+@_named("alloc", """One allocation with its alloc states and its history.
+
+    Example: alloc-ledger query alloc a1""")
+@click.argument("alloc_id", metavar="ALLOC")
+def alloc(ctx: click.Context, as_of: str | None, fmt: str | None, alloc_id: str) -> None:
+    with answering(ctx, as_of) as (q, position):
+        found = q.alloc(alloc_id)
+        if found is None:
+            raise click.ClickException(f"allocation {alloc_id} is not in the ledger")
+    with _log(ctx) as store:
+        found["history"] = history_of(store, alloc_id, position)
+    emit_object(found, fmt)
+
+
+@_named("addresses", """Held addresses: held, or releasing once a stop or removal is requested.
+
+    Example: alloc-ledger query addresses""")
+def addresses(ctx: click.Context, as_of: str | None, fmt: str | None) -> None:
+    with answering(ctx, as_of) as (q, _):
+        emit(q.addresses(), COLUMNS["addresses"], fmt)
+
+
+@_named("suspects", """Suspect nodes, and down nodes with the allocations they took with them.
+
+    Example: alloc-ledger query suspects""")
+def suspects(ctx: click.Context, as_of: str | None, fmt: str | None) -> None:
+    with answering(ctx, as_of) as (q, _):
+        emit(q.suspects(), COLUMNS["suspects"], fmt)
+
+
+@_named("rejections", """The rejection log: refused events with their reasons.
+
+    Example: alloc-ledger query rejections --format jsonl""")
+def rejections(ctx: click.Context, as_of: str | None, fmt: str | None) -> None:
+    with answering(ctx, as_of) as (q, _):
+        emit(q.rejections(), COLUMNS["rejections"], fmt)
+
+
+@_named("history", """Every event and rejection touching a node, allocation, slot (n1#0) or address.
+
+    Example: alloc-ledger query history n1#0""")
+@click.argument("entity")
+def history(ctx: click.Context, as_of: str | None, fmt: str | None, entity: str) -> None:
+    point = _point(as_of)
+    with _log(ctx) as store:
+        upto = None
+        if point is not None:
+            upto = point.position if point.at is None else state_at(store, point)[1]
+        emit(history_of(store, entity, upto), COLUMNS["history"], fmt)
+
+
+@contextmanager
+def _log(ctx: click.Context) -> Iterator[Any]:
+    store = open_store(store_of(ctx))
+    try:
+        yield store
+    finally:
+        store.close()

@@ -1,0 +1,174 @@
+"""``alloc-ledger submit``: one event from flags, or a JSON Lines stream."""
+
+from __future__ import annotations
+
+import json
+import queue
+import sys
+import threading
+import time
+from collections import Counter
+from collections.abc import Iterator
+from typing import IO, Any
+
+import click
+
+from commands.cli import store_of
+from ledger.application import Ledger, Receipt
+from ledger.errors import InvalidEvent
+from ledger.events import EVENT_TYPES, from_flags
+
+MAX_LINE = 1 << 20  # a longer line is reported invalid without being held in memory
+BATCH = 1000
+TOO_LONG = object()
+
+
+@click.command(
+    context_settings={"ignore_unknown_options": True, "allow_extra_args": True},
+)
+@click.argument("source", metavar="TYPE|FILE|-")
+@click.option("--quiet", is_flag=True, help="Print only a summary, not one line per event.")
+@click.option(
+    "--batch", default=BATCH, show_default=True, type=click.IntRange(1, 100_000),
+    help="Most events committed in one transaction.",
+)
+@click.pass_context
+def submit(ctx: click.Context, source: str, quiet: bool, batch: int) -> None:
+    """Submit one event from flags, or a JSON Lines stream from FILE or - (stdin).
+
+    \b
+    alloc-ledger submit node-registered --node n1 --slots 2
+    alloc-ledger submit alloc-placed --alloc a1 --node n1 --slot 0 --addresses '["10.0.0.5"]'
+    alloc-ledger submit events.jsonl
+    producer | alloc-ledger submit -
+
+    One result line per event on stdout, printed once the event is durable:
+    {"line": n, "status": "appended|duplicate|rejected|invalid", "position": p, "error": "…"}.
+    Exit 0 when every event was appended or duplicate, 1 when any was invalid or
+    rejected, 3 when the store cannot be opened.
+    """
+    if source in EVENT_TYPES:
+        receipts = [_one_from_flags(ctx, source)]
+        counts = _print([list(enumerate(receipts, 1))], quiet, progress=False)
+    else:
+        if ctx.args:
+            raise click.UsageError(
+                f"unexpected arguments {' '.join(ctx.args)}: flags are for one event "
+                f"(alloc-ledger submit TYPE --field value); {source!r} is not an event type"
+            )
+        stream = _open(source)
+        with Ledger.open(store_of(ctx)) as ledger:
+            counts = _print(_stream(ledger, stream, batch), quiet, sys.stderr.isatty())
+    if quiet:
+        click.echo(json.dumps(dict(counts)))
+    if counts["rejected"] or counts["invalid"]:
+        ctx.exit(1)
+
+
+def _one_from_flags(ctx: click.Context, event_type: str) -> Receipt:
+    flags = _pairs(ctx.args)
+    try:
+        event = from_flags(event_type, flags)
+    except InvalidEvent as error:
+        return Receipt("invalid", error=str(error))
+    with Ledger.open(store_of(ctx)) as ledger:
+        return ledger.submit(event)
+
+
+def _pairs(args: list[str]) -> dict[str, str]:
+    flags: dict[str, str] = {}
+    items = iter(args)
+    for arg in items:
+        if not arg.startswith("--") or len(arg) < 3:
+            raise click.UsageError(f"expected --field value, got {arg!r}")
+        name, eq, value = arg[2:].partition("=")
+        if not eq:
+            value = next(items, None)  # type: ignore[assignment]
+            if value is None:
+                raise click.UsageError(f"--{name} needs a value")
+        flags[name.replace("-", "_")] = value
+    return flags
+
+
+def _open(source: str) -> IO[bytes]:
+    if source == "-":
+        return sys.stdin.buffer
+    try:
+        return open(source, "rb")  # noqa: SIM115 - read by a thread until the end
+    except OSError as error:
+        raise click.BadParameter(f"cannot read {source}: {error.strerror}") from None
+
+
+def _lines(stream: IO[bytes]) -> Iterator[tuple[int, Any]]:
+    """Numbered lines; blank ones are skipped, over-long ones flagged, never held."""
+    number = 0
+    while True:
+        line = stream.readline(MAX_LINE + 1)
+        if not line:
+            return
+        number += 1
+        if len(line) > MAX_LINE and not line.endswith(b"\n"):
+            while (rest := stream.readline(MAX_LINE)) and not rest.endswith(b"\n"):
+                pass
+            yield number, TOO_LONG
+        elif line.strip():
+            yield number, line
+
+
+def _stream(
+    ledger: Ledger, stream: IO[bytes], batch: int
+) -> Iterator[list[tuple[int, Receipt]]]:
+    """Commit what has arrived in batches: large when input is waiting, small
+    (down to one event) when a producer sends slowly and waits for answers."""
+    lines: queue.Queue[Any] = queue.Queue(maxsize=batch * 4)
+    done = object()
+
+    def read() -> None:
+        try:
+            for item in _lines(stream):
+                lines.put(item)
+        finally:
+            lines.put(done)
+
+    threading.Thread(target=read, daemon=True).start()
+    finished = False
+    while not finished:
+        pending = [lines.get()]
+        while len(pending) < batch:
+            try:
+                pending.append(lines.get_nowait())
+            except queue.Empty:
+                break
+        if pending[-1] is done:
+            pending.pop()
+            finished = True
+        yield _decide(ledger, pending)
+
+
+def _decide(ledger: Ledger, pending: list[tuple[int, Any]]) -> list[tuple[int, Receipt]]:
+    too_long = Receipt("invalid", error=f"line is longer than {MAX_LINE} bytes")
+    decided = iter(ledger.submit_batch([line for _, line in pending if line is not TOO_LONG]))
+    return [(n, too_long if line is TOO_LONG else next(decided)) for n, line in pending]
+
+
+def _print(
+    results: Any, quiet: bool, progress: bool
+) -> Counter[str]:
+    counts: Counter[str] = Counter(appended=0, duplicate=0, rejected=0, invalid=0)
+    shown = time.monotonic()
+    out = sys.stdout
+    for batch in results:
+        for number, receipt in batch:
+            counts[receipt.status] += 1
+            if not quiet:
+                out.write(json.dumps({"line": number} | receipt.as_dict(), ensure_ascii=False))
+                out.write("\n")
+        out.flush()
+        if progress and time.monotonic() - shown > 0.2:
+            shown = time.monotonic()
+            done = sum(counts.values())
+            click.echo(f"\r{done} events, {counts['rejected']} rejected, "
+                       f"{counts['invalid']} invalid", err=True, nl=False)
+    if progress:
+        click.echo("\r" + " " * 60 + "\r", err=True, nl=False)
+    return counts

@@ -1,0 +1,36 @@
+"""Every event and rejection touching one entity, in log order."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from ledger.domain import touched_by
+from ledger.records import decode
+from ledger.store import Store
+from eventsourcing.persistence import StoredEvent
+
+
+def history(store: Store, entity: str, upto: int | None = None) -> list[dict[str, Any]]:
+    """Events naming a node, allocation, slot (``n1#0``) or address, or changed by one."""
+    needle = json.dumps(entity.split("#", 1)[0] if "#" in entity else entity, ensure_ascii=False)
+    with store.reading() as cursor:
+        found = store.search_log(cursor, needle)
+    rows = []
+    for position, topic, state in found:
+        if upto is not None and position > upto:
+            break
+        record = decode(StoredEvent(None, position, topic, state))  # type: ignore[arg-type]
+        if entity not in set(touched_by(record.event)) | set(record.touches):
+            continue
+        rows.append(
+            {
+                "position": record.position,
+                "type": record.event["type"],
+                "status": "rejected" if record.rejected else "appended",
+                "at": record.event["at"],
+                "reason": record.reason,
+                "event": record.event,
+            }
+        )
+    return rows
