@@ -14,11 +14,15 @@ from typing import Any
 
 from ledger import events
 from ledger.domain import AlreadyPlaced, Cluster, touched_by
-from ledger.errors import InvalidEvent, RuleViolation
+from eventsourcing.persistence import StoredEvent
+
+from ledger.chain import GENESIS, link
+from ledger.errors import InvalidEvent, LedgerError, RuleViolation
 from ledger.events import Event
 from ledger.model import Fact
-from ledger.records import REJECTED, Record, decode, encode, replay
+from ledger.records import REJECTED, Record, encode
 from ledger.store import Store, open_store
+from projections.projector import Projector
 from projections.rows import Statements, TableSource, write_changes
 
 Submission = Event | dict[str, Any] | str | bytes
@@ -52,9 +56,10 @@ class Ledger:
 
     def __init__(self, store: Store) -> None:
         self.store = store
-        self.sql = Statements(store.param)
+        self.sql = Statements(store.param, store.state_prefix)
         self.source = TableSource(self.sql)
         self.cluster = Cluster(self.source)
+        self.projector = Projector(store)
         self._head: int | None = None
 
     @classmethod
@@ -115,7 +120,6 @@ class Ledger:
         self.source.cursor = cursor
         if head != self._head:
             self.cluster.forget()  # another process wrote since we last did
-            self._catch_up(cursor, head)
         known = self.store.known_ids(cursor, [e.id for e in batch if e.id is not None])
         recorded_at = events.timestamp(now())
         receipts: list[Receipt] = []
@@ -139,10 +143,10 @@ class Ledger:
             else:
                 receipts.append(Receipt("appended", head))
         if kept:
-            self.store.append(cursor, kept)
+            self.store.append(cursor, kept, self._chain(cursor, kept))
             self.store.remember_ids(cursor, new_ids)
-            write_changes(cursor, self.sql, self.cluster.take_changes())
-            self.store.track(cursor, head)
+            write_changes(cursor, self.sql, self.cluster.take_changes(), decisions_only=True)
+            self._project_inline(cursor, head)
         self._head = head
         return receipts
 
@@ -160,33 +164,39 @@ class Ledger:
         effects = sorted({t for t in touches if t not in named})
         return Record(position, event.type, data, recorded_at, effects)  # type: ignore[attr-defined]
 
+    def _chain(self, cursor: Any, kept: list[StoredEvent]) -> list[tuple[int, str]]:
+        first = kept[0].originator_version
+        previous = GENESIS if first == 1 else self.store.hash_at(cursor, first - 1)
+        if previous is None:
+            raise LedgerError(f"the hash chain has no entry for position {first - 1}")
+        hashes = []
+        for stored in kept:
+            previous = link(previous, stored.originator_version, stored.topic, stored.state)
+            hashes.append((stored.originator_version, previous))
+        return hashes
+
+    def _project_inline(self, cursor: Any, head: int) -> None:
+        """The projection tables follow in the same transaction: on SQLite they
+        are the very tables decisions read; elsewhere when asked for."""
+        if self.store.state_prefix == "":
+            self.store.track(cursor, head)
+        elif self.store.projects_inline:
+            self.projector.catch_up(cursor, head)
+
     def lag(self) -> int:
         """How many positions the projection tables are behind the log."""
         with self.store.reading() as cursor:
             return self.store.head(cursor) - self.store.tracked(cursor)
 
-    def project(self) -> tuple[int, int]:
+    def project(self, limit: int | None = None) -> tuple[int, int]:
         """Bring the projection tables up to date; return (from, to) positions."""
-        if self.lag() == 0:
-            with self.store.reading() as cursor:
-                head = self.store.head(cursor)
-            return head, head
-        with self.store.writing() as cursor:
-            self.source.cursor = cursor
-            self.cluster.forget()
+        with self.store.reading() as cursor:
             start, head = self.store.tracked(cursor), self.store.head(cursor)
-            self._catch_up(cursor, head)
+        if start >= head:
+            return start, head
+        with self.store.projecting() as cursor:
+            start = self.store.tracked(cursor)
+            end = self.projector.catch_up(cursor, limit=limit)
+        self.cluster.forget()
         self._head = None
-        return start, head
-
-    def _catch_up(self, cursor: Any, head: int) -> None:
-        """Bring the projection tables to the head of the log before deciding."""
-        tracked = self.store.tracked(cursor)
-        if tracked >= head:
-            return
-        for count, stored in enumerate(self.store.read_log(tracked, head), 1):
-            replay(self.cluster, decode(stored))
-            if count % 1000 == 0:
-                write_changes(cursor, self.sql, self.cluster.take_changes())
-        write_changes(cursor, self.sql, self.cluster.take_changes())
-        self.store.track(cursor, head)
+        return start, end

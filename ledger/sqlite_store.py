@@ -31,6 +31,13 @@ APPEND_ONLY = [
        BEFORE DELETE ON stored_events
        BEGIN SELECT RAISE(ABORT, 'the event log is append-only'); END""",
     "CREATE TABLE IF NOT EXISTS event_ids (id TEXT PRIMARY KEY, position BIGINT NOT NULL)",
+    "CREATE TABLE IF NOT EXISTS event_hashes (position BIGINT PRIMARY KEY, hash TEXT NOT NULL)",
+    """CREATE TRIGGER IF NOT EXISTS event_hashes_append_only_update
+       BEFORE UPDATE ON event_hashes
+       BEGIN SELECT RAISE(ABORT, 'the event log is append-only'); END""",
+    """CREATE TRIGGER IF NOT EXISTS event_hashes_append_only_delete
+       BEFORE DELETE ON event_hashes
+       BEGIN SELECT RAISE(ABORT, 'the event log is append-only'); END""",
 ]
 
 
@@ -42,6 +49,8 @@ def describe(error: BaseException) -> str:
 class SQLiteStore:
     dialect = "sqlite"
     param = "?"
+    state_prefix = ""  # decisions read the projection tables themselves
+    projects_inline = True
 
     def __init__(self, url: str, path: str, options: dict[str, str]) -> None:
         self.url = url
@@ -96,6 +105,10 @@ class SQLiteStore:
         except PersistenceError as error:
             raise StoreUnavailable(f"store {self.url}: {describe(error)}") from None
 
+    def projecting(self) -> Any:
+        """A transaction for catching up the projection tables."""
+        return self.writing()
+
     @contextmanager
     def reading(self) -> Iterator[sqlite3.Cursor]:
         try:
@@ -111,8 +124,14 @@ class SQLiteStore:
         )
         return cursor.fetchone()[0] or 0
 
-    def append(self, cursor: Any, events: list[StoredEvent]) -> None:
+    def append(self, cursor: Any, events: list[StoredEvent], hashes: list[tuple[int, str]]) -> None:
         self.recorder._insert_events(cursor, events)
+        cursor.executemany("INSERT INTO event_hashes (position, hash) VALUES (?, ?)", hashes)
+
+    def hash_at(self, cursor: Any, position: int) -> str | None:
+        cursor.execute("SELECT hash FROM event_hashes WHERE position = ?", (position,))
+        row = cursor.fetchone()
+        return None if row is None else row[0]
 
     def tracked(self, cursor: Any) -> int:
         return self.recorder._max_tracking_id(PROJECTIONS, cursor) or 0

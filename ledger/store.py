@@ -29,9 +29,14 @@ class Store(Protocol):
     url: str
     dialect: str
     param: str
+    state_prefix: str  # tables the writer decides against ("" = the projection tables)
+    projects_inline: bool  # whether writers also keep the projection tables
 
     def writing(self) -> AbstractContextManager[Any]:
         """A transaction that no other writer runs beside (the log is one sequence)."""
+
+    def projecting(self) -> AbstractContextManager[Any]:
+        """A transaction for catching up the projection tables."""
 
     def reading(self) -> AbstractContextManager[Any]:
         """A read-only transaction with a consistent view."""
@@ -39,8 +44,11 @@ class Store(Protocol):
     def head(self, cursor: Any) -> int:
         """The position of the last event in the log (0 when empty)."""
 
-    def append(self, cursor: Any, events: list[StoredEvent]) -> None:
-        """Insert stored events through the library's recorder."""
+    def append(self, cursor: Any, events: list[StoredEvent], hashes: list[tuple[int, str]]) -> None:
+        """Insert stored events through the library's recorder, with their chain hashes."""
+
+    def hash_at(self, cursor: Any, position: int) -> str | None:
+        """The chain hash kept for a position."""
 
     def tracked(self, cursor: Any) -> int:
         """How far the projection tables have read."""

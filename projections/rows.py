@@ -88,6 +88,7 @@ class Statements:
 
     def __init__(self, param: str, prefix: str = "") -> None:
         p, t = param, prefix
+        self.prefix = prefix
         self.node = f"SELECT {NODE_COLUMNS} FROM {t}nodes WHERE node = {p}"
         self.slots = f"SELECT {SLOT_COLUMNS} FROM {t}slots WHERE node = {p} ORDER BY slot"
         self.alloc = f"SELECT {ALLOC_COLUMNS} FROM {t}allocations WHERE alloc = {p}"
@@ -147,8 +148,15 @@ class TableSource:
         return {row[0] for row in self.cursor.fetchall()}
 
 
-def write_changes(cursor: Any, sql: Statements, changes: Changes) -> None:
-    """Write everything the domain changed, one statement per table."""
+def write_changes(
+    cursor: Any, sql: Statements, changes: Changes, decisions_only: bool = False
+) -> None:
+    """Write everything the domain changed, one statement per table; with
+    ``decisions_only`` and separate decision tables, skip the logs kept only
+    for reporting (alloc states, rejections)."""
+    if decisions_only and sql.prefix:
+        changes.alloc_states = []
+        changes.rejections = []
     batches: list[tuple[str, list[tuple[Any, ...]]]] = [
         (sql.upsert_node, [node_row(n) for n in changes.nodes]),
         (sql.upsert_slot, [slot_row(s) for s in changes.slots]),

@@ -1,0 +1,49 @@
+"""The projector: applies the log to the projection tables, exactly once.
+
+It reads kept events after the tracked position, applies them to a cluster
+loaded from the tables, and writes the changed rows together with the new
+tracking position in the caller's transaction; a crash at any point leaves
+the tables and the tracking position consistent, and the next run resumes.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ledger.domain import Cluster
+from ledger.records import decode, replay
+from ledger.store import Store
+from projections.rows import Statements, TableSource, write_changes
+
+PAGE = 1000
+
+
+class Projector:
+    """Keeps one set of projection tables (``prefix``) in step with the log."""
+
+    def __init__(self, store: Store, prefix: str = "") -> None:
+        self.store = store
+        self.sql = Statements(store.param, prefix)
+        self.source = TableSource(self.sql)
+        self.cluster = Cluster(self.source)
+
+    def catch_up(self, cursor: Any, head: int | None = None, limit: int | None = None) -> int:
+        """Apply what the tables have not seen yet (up to ``head``, at most
+        ``limit`` events) in the caller's transaction; return the new position."""
+        self.source.cursor = cursor
+        self.cluster.forget()
+        tracked = self.store.tracked(cursor)
+        if head is None:
+            head = self.store.head(cursor)
+        if limit is not None:
+            head = min(head, tracked + limit)
+        if tracked >= head:
+            return tracked
+        for count, stored in enumerate(self.store.read_log(tracked, head), 1):
+            replay(self.cluster, decode(stored))
+            if count % PAGE == 0:
+                write_changes(cursor, self.sql, self.cluster.take_changes())
+        write_changes(cursor, self.sql, self.cluster.take_changes())
+        self.store.track(cursor, head)
+        self.cluster.forget()
+        return head
