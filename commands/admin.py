@@ -30,3 +30,6 @@ def schema() -> None:
     Example: alloc-ledger schema > event.schema.json
     """
     click.echo(json.dumps(json_schema(), indent=2))
+
+
+COMMANDS = [project, schema]

@@ -69,13 +69,12 @@ def store_of(ctx: click.Context) -> str:
 
 
 def register() -> None:
-    from commands import admin, demo, query, submit
+    """Every module of ``commands`` lists its commands in ``COMMANDS``."""
+    from commands import admin, audit, demo, query, submit
 
-    cli.add_command(submit.submit)
-    cli.add_command(query.query)
-    cli.add_command(admin.project)
-    cli.add_command(admin.schema)
-    cli.add_command(demo.demo)
+    for module in (submit, query, admin, audit, demo):
+        for command in module.COMMANDS:
+            cli.add_command(command)
 
 
 register()

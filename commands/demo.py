@@ -7,3 +7,6 @@ import click
 def demo() -> None:
     """Run the built-in stories on a fresh store and print each answer."""
     raise click.ClickException("the demo is not built yet")
+
+
+COMMANDS = [demo]

@@ -185,3 +185,6 @@ def _log(ctx: click.Context) -> Iterator[Any]:
         yield store
     finally:
         store.close()
+
+
+COMMANDS = [query]

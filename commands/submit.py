@@ -172,3 +172,6 @@ def _print(
     if progress:
         click.echo("\r" + " " * 60 + "\r", err=True, nl=False)
     return counts
+
+
+COMMANDS = [submit]
