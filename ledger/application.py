@@ -121,7 +121,8 @@ class Ledger:
         if head != self._head:
             self.cluster.forget()  # another process wrote since we last did
         known = self.store.known_ids(cursor, [e.id for e in batch if e.id is not None])
-        recorded_at = events.timestamp(now())
+        moment = now()
+        recorded_at = events.timestamp(moment)
         receipts: list[Receipt] = []
         kept = []
         new_ids = []
@@ -129,7 +130,7 @@ class Ledger:
             if event.id is not None and event.id in known:
                 receipts.append(Receipt("duplicate", known[event.id]))
                 continue
-            record = self._record(event, head + 1, recorded_at)
+            record = self._record(event, head + 1, moment, recorded_at)
             if isinstance(record, Receipt):
                 receipts.append(record)
                 continue
@@ -150,8 +151,10 @@ class Ledger:
         self._head = head
         return receipts
 
-    def _record(self, event: Event, position: int, recorded_at: str) -> Record | Receipt:
-        data = events.canonical(event, datetime.fromisoformat(recorded_at))
+    def _record(
+        self, event: Event, position: int, moment: datetime, recorded_at: str
+    ) -> Record | Receipt:
+        data = events.canonical(event, moment)
         fact = Fact(position, data["at"])
         try:
             touches = self.cluster.apply(event, fact)
@@ -160,9 +163,15 @@ class Ledger:
         except RuleViolation as violation:
             self.cluster.reject(data, str(violation), fact)
             return Record(position, REJECTED, data, recorded_at, [], str(violation))
-        named = set(touched_by(data))
-        effects = sorted({t for t in touches if t not in named})
+        own = (data.get("node"), data.get("alloc"))
+        effects = [] if all(t in own for t in touches) else self._effects(data, touches)
         return Record(position, event.type, data, recorded_at, effects)  # type: ignore[attr-defined]
+
+    @staticmethod
+    def _effects(data: dict[str, Any], touches: list[str]) -> list[str]:
+        """Entities changed by an event that the event itself does not name."""
+        named = set(touched_by(data))
+        return sorted({t for t in touches if t not in named})
 
     def _chain(self, cursor: Any, kept: list[StoredEvent]) -> list[tuple[int, str]]:
         first = kept[0].originator_version

@@ -13,9 +13,4 @@ GENESIS = "0" * 64
 
 
 def link(previous: str, position: int, topic: str, state: bytes) -> str:
-    digest = sha256(previous.encode())
-    digest.update(b"\n%d\n" % position)
-    digest.update(topic.encode())
-    digest.update(b"\n")
-    digest.update(state)
-    return digest.hexdigest()
+    return sha256(b"%s\n%d\n%s\n%s" % (previous.encode(), position, topic.encode(), state)).hexdigest()

@@ -7,7 +7,7 @@ Every event is validated strictly: unknown fields, wrong types and unknown
 from __future__ import annotations
 
 import json
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Annotated, Any, Literal, Union
 
 from pydantic import (
@@ -25,14 +25,9 @@ from ledger.errors import InvalidEvent
 MAX_SLOTS = 1024
 
 
-def _no_hash(value: str) -> str:
-    if "#" in value:
-        raise ValueError("must not contain '#' (it separates node and slot, as in n1#0)")
-    return value
-
-
 Name = Annotated[str, Field(min_length=1, max_length=128)]
-NodeName = Annotated[Name, AfterValidator(_no_hash)]
+# '#' separates node and slot (n1#0), so a node name may not contain it.
+NodeName = Annotated[str, Field(min_length=1, max_length=128, pattern=r"^[^#]+$")]
 Address = Annotated[str, Field(min_length=1, max_length=256)]
 SlotIndex = Annotated[int, Field(ge=0, lt=MAX_SLOTS)]
 
@@ -192,6 +187,8 @@ def describe(error: ValidationError) -> str:
             parts.append(f"unknown type '{tag}'")
         elif kind == "union_tag_not_found":
             parts.append("missing field 'type'")
+        elif kind == "string_pattern_mismatch":
+            parts.append(f"field '{field}': must not contain '#' (it separates node and slot)")
         elif kind in ("model_type", "model_attributes_type") and not field:
             parts.append("an event must be a JSON object")
         else:
@@ -253,7 +250,12 @@ def canonical(event: Event, at: datetime) -> dict[str, Any]:
 
 def timestamp(moment: datetime) -> str:
     """One fixed-width UTC text form, so text order is time order in SQL."""
-    return moment.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+    if moment.utcoffset() != _ZERO:
+        moment = moment.astimezone(UTC)
+    return moment.isoformat(timespec="microseconds")[:26] + "Z"
+
+
+_ZERO = timedelta(0)
 
 
 def restore(data: dict[str, Any]) -> Event:

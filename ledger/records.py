@@ -9,7 +9,7 @@ touched, and for a rejection the reason.
 
 from __future__ import annotations
 
-import json
+import orjson
 from dataclasses import dataclass
 from typing import Any
 
@@ -51,12 +51,12 @@ def encode(record: Record) -> StoredEvent:
         originator_id=LEDGER_STREAM,
         originator_version=record.position,
         topic=record.topic,
-        state=json.dumps(state, separators=(",", ":"), ensure_ascii=False).encode(),
+        state=orjson.dumps(state),
     )
 
 
 def decode(stored: StoredEvent) -> Record:
-    state = json.loads(stored.state)
+    state = orjson.loads(stored.state)
     return Record(
         stored.originator_version,
         stored.topic,

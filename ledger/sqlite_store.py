@@ -14,7 +14,11 @@ from contextlib import contextmanager
 from typing import Any
 
 from eventsourcing.persistence import PersistenceError, StoredEvent, Tracking
-from eventsourcing.sqlite import SQLiteDatastore, SQLiteProcessRecorder
+from eventsourcing.sqlite import (
+    SQLiteAggregateRecorder,
+    SQLiteDatastore,
+    SQLiteProcessRecorder,
+)
 
 from ledger.errors import StoreUnavailable
 from ledger.store import LEDGER_STREAM, PROJECTIONS
@@ -93,6 +97,7 @@ class SQLiteStore:
             with self.datastore.get_connection(commit=True) as connection:
                 cursor = connection.cursor().sqlite_cursor
                 cursor.execute("PRAGMA synchronous = FULL")
+                cursor.execute("PRAGMA cache_size = -65536")
                 cursor.execute("BEGIN IMMEDIATE")
                 try:
                     yield cursor
@@ -125,7 +130,10 @@ class SQLiteStore:
         return cursor.fetchone()[0] or 0
 
     def append(self, cursor: Any, events: list[StoredEvent], hashes: list[tuple[int, str]]) -> None:
-        self.recorder._insert_events(cursor, events)
+        # The aggregate recorder's insert is one executemany; the application
+        # recorder's loops to fetch row ids, which the ledger does not need
+        # (positions are the stream's versions).
+        SQLiteAggregateRecorder._insert_events(self.recorder, cursor, events)
         cursor.executemany("INSERT INTO event_hashes (position, hash) VALUES (?, ?)", hashes)
 
     def hash_at(self, cursor: Any, position: int) -> str | None:

@@ -8,6 +8,8 @@ transaction, one ``executemany`` per table.
 from __future__ import annotations
 
 import json
+
+import orjson
 from typing import Any
 
 from ledger.domain import Changes
@@ -37,11 +39,15 @@ def _upsert(table: str, columns: str, keys: str, p: str) -> str:
     )
 
 
+def _json_list(values: list[str]) -> str:
+    return orjson.dumps(values).decode() if values else "[]"
+
+
 def node_row(n: Node) -> tuple[Any, ...]:
     return (
         n.node, n.status, n.health, n.parent, n.slots, n.slots_used, n.allocs, n.reason,
         n.since_position, n.last_heartbeat_at, n.last_heartbeat_position,
-        json.dumps(n.lost_allocs), n.registered_position,
+        _json_list(n.lost_allocs), n.registered_position,
     )
 
 
@@ -64,7 +70,7 @@ def slot_row(s: Slot) -> tuple[Any, ...]:
 def alloc_row(a: Allocation) -> tuple[Any, ...]:
     return (
         a.alloc, a.node, a.job, a.slot, a.desired_status, a.client_status,
-        int(a.needs_reconnect), json.dumps(a.addresses), a.max_disconnect,
+        int(a.needs_reconnect), _json_list(a.addresses), a.max_disconnect,
         a.unknown_since_position, a.unknown_since_at, a.deadline, a.placed_position,
         a.updated_position, int(a.removed),
     )

@@ -1,0 +1,362 @@
+"""PostgreSQL: many writers on many machines share one log.
+
+The log is eventsourcing's ``PostgresProcessRecorder`` (``stored_events`` and
+``tracking``) in the schema the URL names (``?schema=name``, created when
+missing). Beside it:
+
+* ``event_ids`` and ``event_hashes`` (append-only, like ``stored_events``:
+  a trigger refuses UPDATE, DELETE and TRUNCATE);
+* the decision tables ``state_*``, which writers decide against and update in
+  their own transaction, after taking the library's EXCLUSIVE lock on
+  ``stored_events`` first: rules are race-free and positions gapless across
+  processes and machines;
+* the public projection tables (``nodes``, ``slots``, …), kept by
+  ``alloc-ledger project [--follow]`` in transactions that lock the tracking
+  row (never the log), or by the writers themselves with ``?projections=inline``.
+
+Only this module imports psycopg; every cursor it hands out yields tuples.
+"""
+
+from __future__ import annotations
+
+import re
+import threading
+import zlib
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any, NoReturn
+from urllib.parse import SplitResult, unquote
+
+import psycopg
+from eventsourcing.persistence import PersistenceError, StoredEvent, Tracking
+from eventsourcing.postgres import PostgresDatastore, PostgresProcessRecorder
+from psycopg import sql
+from psycopg.rows import tuple_row
+
+from ledger.errors import LedgerError, StoreUnavailable
+from ledger.store import LEDGER_STREAM, PROJECTIONS
+from projections import tables
+
+SCHEMA_VERSION = 1
+MARK = f"alloc-ledger schema {SCHEMA_VERSION}"
+PAGE = 5000
+TRACKING = "tracking"
+STATE_PREFIX = "state_"
+SCHEMA_NAME = re.compile(r"[a-z_][a-z0-9_]{0,62}")
+OPTIONS = {"schema", "projections", "connect_timeout", "sslmode"}
+
+APPEND_ONLY = [
+    """CREATE TABLE IF NOT EXISTS event_ids (id TEXT PRIMARY KEY, position BIGINT NOT NULL)""",
+    """CREATE TABLE IF NOT EXISTS event_hashes (position BIGINT PRIMARY KEY, hash TEXT NOT NULL)""",
+    """CREATE OR REPLACE FUNCTION refuse_change() RETURNS trigger LANGUAGE plpgsql AS $$
+       BEGIN
+           RAISE EXCEPTION 'the event log is append-only: % on % refused', TG_OP, TG_TABLE_NAME
+               USING ERRCODE = 'insufficient_privilege';
+       END $$""",
+]
+APPEND_ONLY_TABLES = ("stored_events", "event_hashes")
+
+
+def _triggers(table: str) -> list[str]:
+    return [
+        f"""CREATE OR REPLACE TRIGGER {table}_append_only BEFORE UPDATE OR DELETE ON {table}
+            FOR EACH ROW EXECUTE FUNCTION refuse_change()""",
+        f"""CREATE OR REPLACE TRIGGER {table}_no_truncate BEFORE TRUNCATE ON {table}
+            FOR EACH STATEMENT EXECUTE FUNCTION refuse_change()""",
+    ]
+
+
+def describe(error: BaseException) -> str:
+    """One line for a database error: the server's message, without libpq's hints."""
+    cause = error.__cause__ if isinstance(error, PersistenceError) and error.__cause__ else error
+    diag = getattr(cause, "diag", None)
+    primary = getattr(diag, "message_primary", None)
+    text = primary or str(cause) or type(cause).__name__
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    return lines[0] if lines else type(cause).__name__
+
+
+def redacted(parts: SplitResult) -> str:
+    """The URL without its password, for messages."""
+    if parts.password is None:
+        return parts.geturl()
+    netloc = parts.netloc.replace(f":{parts.password}@", ":***@", 1)
+    return parts._replace(netloc=netloc).geturl()
+
+
+class PostgresStore:
+    dialect = "postgresql"
+    param = "%s"
+    state_prefix = STATE_PREFIX
+
+    def __init__(self, url: str, parts: SplitResult, options: dict[str, str]) -> None:
+        self.url = url
+        self.shown = redacted(parts)
+        unknown = set(options) - OPTIONS
+        if unknown:
+            self._fail(f"unknown option {sorted(unknown)[0]!r} (known: {', '.join(sorted(OPTIONS))})")
+        self.schema = options.get("schema", "public")
+        if not SCHEMA_NAME.fullmatch(self.schema):
+            self._fail(f"schema name {self.schema!r} must be lower case letters, digits and _")
+        inline = options.get("projections", "follow")
+        if inline not in ("inline", "follow"):
+            self._fail(f"projections={inline} must be inline or follow")
+        self.projects_inline = inline == "inline"
+        self.stream = LEDGER_STREAM
+        self._local = threading.local()
+        self.connect_args: dict[str, Any] = {
+            "dbname": unquote(parts.path.lstrip("/")),
+            "host": parts.hostname or "",
+            "port": parts.port or 5432,
+            "user": unquote(parts.username or ""),
+            "password": unquote(parts.password or ""),
+        }
+        timeout = float(options.get("connect_timeout", "5"))
+        extra = {"options": f"-c search_path={self.schema}"}
+        if "sslmode" in options:
+            extra["sslmode"] = options["sslmode"]
+        self._check_and_create(timeout, extra)
+        try:
+            self.datastore = PostgresDatastore(
+                **self.connect_args, schema=self.schema, connect_timeout=timeout,
+                pool_size=1, max_overflow=3, pool_open_timeout=timeout,
+            )
+            self.datastore.pool.kwargs.update(extra)  # type: ignore[union-attr]
+            self.recorder = PostgresProcessRecorder(self.datastore, tracking_table_name=TRACKING)
+            self.datastore.register_type_adapters()
+        except (PersistenceError, psycopg.Error) as error:
+            self._fail(describe(error))
+
+    def _fail(self, reason: str) -> NoReturn:
+        raise StoreUnavailable(f"cannot open store {self.shown}: {reason}") from None
+
+    # -- opening -------------------------------------------------------------
+
+    def _connect(self, timeout: float, extra: dict[str, str]) -> psycopg.Connection[Any]:
+        try:
+            return psycopg.connect(
+                **self.connect_args, **extra, connect_timeout=max(1, int(timeout)), autocommit=True
+            )
+        except psycopg.Error as error:
+            self._fail(self._why_not_connected(error))
+
+    def _why_not_connected(self, error: psycopg.Error) -> str:
+        """libpq's message, shortened to what went wrong: 'database "x" does not
+        exist', 'password authentication failed for user "u"', 'server … unreachable'."""
+        text = (str(error).strip().splitlines() or [type(error).__name__])[0]
+        reason = text.rsplit(" failed: ", 1)[-1]
+        if reason.startswith("FATAL:"):
+            return reason[len("FATAL:"):].strip()
+        where = f"{self.connect_args['host'] or 'localhost'}:{self.connect_args['port']}"
+        return f"server {where} unreachable: {reason}"
+
+    def _check_and_create(self, timeout: float, extra: dict[str, str]) -> None:
+        """Create the schema once (serialized across processes by an advisory lock)."""
+        with self._connect(timeout, extra) as connection:
+            if self._marked(connection):
+                return
+            key = zlib.crc32(f"alloc-ledger:{self.schema}".encode())
+            try:
+                connection.execute("SELECT pg_advisory_lock(%s)", (key,))
+                try:
+                    if not self._marked(connection):
+                        self._create_schema(connection, extra)
+                finally:
+                    connection.execute("SELECT pg_advisory_unlock(%s)", (key,))
+            except (psycopg.Error, PersistenceError) as error:
+                self._fail(describe(error))
+
+    def _marked(self, connection: psycopg.Connection[Any]) -> bool:
+        row = connection.execute(
+            "SELECT obj_description(to_regclass(%s), 'pg_class')",
+            (f"{self.schema}.event_hashes",),
+        ).fetchone()
+        return row is not None and row[0] == MARK
+
+    def _create_schema(self, connection: psycopg.Connection[Any], extra: dict[str, str]) -> None:
+        connection.execute(sql.SQL("CREATE SCHEMA IF NOT EXISTS {}").format(
+            sql.Identifier(self.schema)))
+        datastore = PostgresDatastore(
+            **self.connect_args, schema=self.schema, pool_size=1, max_overflow=0,
+            pool_open_timeout=10,
+        )
+        try:
+            datastore.pool.kwargs.update(extra)  # type: ignore[union-attr]
+            PostgresProcessRecorder(datastore, tracking_table_name=TRACKING).create_table()
+        finally:
+            datastore.close()
+        with connection.transaction(), connection.cursor() as cursor:
+            for statement in APPEND_ONLY:
+                cursor.execute(statement)
+            for table in APPEND_ONLY_TABLES:
+                for statement in _triggers(table):
+                    cursor.execute(statement)
+            tables.create(cursor, self.dialect)
+            tables.create(cursor, self.dialect, prefix=STATE_PREFIX)
+            cursor.execute(
+                f"INSERT INTO {TRACKING} (application_name, notification_id) VALUES (%s, 0) "
+                "ON CONFLICT DO NOTHING",
+                (PROJECTIONS,),
+            )
+            cursor.execute(f"COMMENT ON TABLE event_hashes IS '{MARK}'")
+
+    # -- transactions --------------------------------------------------------
+
+    @contextmanager
+    def _transaction(self, prepare: Callable[[Any], None]) -> Iterator[Any]:
+        try:
+            with self.datastore.get_connection() as connection, connection.transaction():
+                cursor = connection.cursor(row_factory=tuple_row)
+                prepare(cursor)
+                self._local.cursor = cursor
+                try:
+                    yield cursor
+                finally:
+                    self._local.cursor = None
+        except psycopg.Error as error:
+            raise StoreUnavailable(f"store {self.shown}: {describe(error)}") from None
+        except PersistenceError as error:
+            raise StoreUnavailable(f"store {self.shown}: {describe(error)}") from None
+
+    def writing(self) -> Any:
+        """A write transaction: the log's EXCLUSIVE lock first, then everything else."""
+        return self._transaction(self._lock_log)
+
+    def projecting(self) -> Any:
+        """A transaction for the projection tables: the tracking row locked, never the log."""
+        return self._transaction(self._lock_tracking)
+
+    def reading(self) -> Any:
+        """A read-only transaction with one snapshot."""
+        return self._transaction(self._snapshot)
+
+    def _lock_log(self, cursor: Any) -> None:
+        self.recorder._lock_table(cursor.connection.cursor())
+        if self.projects_inline:
+            self._lock_tracking(cursor)
+
+    def _lock_tracking(self, cursor: Any) -> None:
+        cursor.execute(
+            f"SELECT notification_id FROM {TRACKING} WHERE application_name = %s FOR UPDATE",
+            (PROJECTIONS,),
+        )
+
+    @staticmethod
+    def _snapshot(cursor: Any) -> None:
+        cursor.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
+
+    # -- the log -------------------------------------------------------------
+
+    def head(self, cursor: Any) -> int:
+        cursor.execute(
+            "SELECT MAX(originator_version) FROM stored_events WHERE originator_id = %s",
+            (self.stream,),
+        )
+        return int(cursor.fetchone()[0] or 0)
+
+    def append(self, cursor: Any, events: list[StoredEvent], hashes: list[tuple[int, str]]) -> None:
+        self.recorder._insert_stored_events(cursor.connection.cursor(), events)
+        cursor.executemany("INSERT INTO event_hashes (position, hash) VALUES (%s, %s)", hashes)
+
+    def hash_at(self, cursor: Any, position: int) -> str | None:
+        cursor.execute("SELECT hash FROM event_hashes WHERE position = %s", (position,))
+        row = cursor.fetchone()
+        return None if row is None else str(row[0])
+
+    def tracked(self, cursor: Any) -> int:
+        return self.recorder._max_tracking_id(PROJECTIONS, cursor.connection.cursor()) or 0
+
+    def track(self, cursor: Any, position: int) -> None:
+        self.recorder._insert_tracking(cursor.connection.cursor(), Tracking(PROJECTIONS, position))
+
+    def known_ids(self, cursor: Any, ids: list[str]) -> dict[str, int]:
+        if not ids:
+            return {}
+        cursor.execute("SELECT id, position FROM event_ids WHERE id = ANY(%s)", (ids,))
+        return {row[0]: row[1] for row in cursor.fetchall()}
+
+    def remember_ids(self, cursor: Any, pairs: list[tuple[str, int]]) -> None:
+        if pairs:
+            cursor.executemany("INSERT INTO event_ids (id, position) VALUES (%s, %s)", pairs)
+
+    def read_log(self, after: int, upto: int | None = None) -> Iterator[StoredEvent]:
+        """Pages of the log; inside a transaction of this store, through that
+        transaction (so a writer projecting inline sees what it just appended)."""
+        while upto is None or after < upto:
+            page = self._page(after, upto)
+            yield from page
+            if len(page) < PAGE:
+                return
+            after = page[-1].originator_version
+
+    def _page(self, after: int, upto: int | None) -> list[StoredEvent]:
+        cursor = getattr(self._local, "cursor", None)
+        try:
+            if cursor is None:
+                return list(self.recorder.select_events(self.stream, gt=after, lte=upto, limit=PAGE))
+            cursor.execute(
+                "SELECT originator_version, topic, state FROM stored_events "
+                "WHERE originator_id = %s AND originator_version > %s "
+                "AND originator_version <= %s ORDER BY originator_version LIMIT %s",
+                (self.stream, after, upto if upto is not None else 2**62, PAGE),
+            )
+            return [
+                StoredEvent(self.stream, row[0], row[1], bytes(row[2]))
+                for row in cursor.fetchall()
+            ]
+        except (psycopg.Error, PersistenceError) as error:
+            raise StoreUnavailable(f"store {self.shown}: {describe(error)}") from None
+
+    def search_log(self, cursor: Any, needle: str) -> list[tuple[int, str, bytes]]:
+        cursor.execute(
+            "SELECT originator_version, topic, state FROM stored_events "
+            "WHERE originator_id = %s AND position(%s::bytea IN state) > 0 "
+            "ORDER BY originator_version",
+            (self.stream, needle.encode()),
+        )
+        return [(row[0], row[1], bytes(row[2])) for row in cursor.fetchall()]
+
+    # -- following and reporting (PostgreSQL only) ----------------------------
+
+    @contextmanager
+    def appends(self) -> Iterator[Callable[[float], bool]]:
+        """Listen for appends (the recorder NOTIFYs on every insert); yield a
+        ``wait(timeout)`` that returns whether something was appended."""
+        channel = self.recorder.channel_name
+        connection = self._connect(5, {})
+        try:
+            connection.execute(sql.SQL("LISTEN {}").format(sql.Identifier(channel)))
+
+            def wait(timeout: float) -> bool:
+                try:
+                    heard = False
+                    for _ in connection.notifies(timeout=timeout, stop_after=1):
+                        heard = True
+                    return heard
+                except psycopg.Error as error:
+                    raise StoreUnavailable(f"store {self.shown}: {describe(error)}") from None
+
+            yield wait
+        finally:
+            connection.close()
+
+    def grant_reporting(self, role: str) -> list[str]:
+        """Let a role read the projection tables and views, and nothing else."""
+        names = list(tables.TABLES) + list(tables.VIEWS)
+        statements = [
+            sql.SQL("GRANT USAGE ON SCHEMA {} TO {}").format(
+                sql.Identifier(self.schema), sql.Identifier(role)),
+            sql.SQL("GRANT SELECT ON {} TO {}").format(
+                sql.SQL(", ").join(sql.Identifier(self.schema, n) for n in names),
+                sql.Identifier(role)),
+        ]
+        try:
+            with self.datastore.get_connection() as connection, connection.transaction():
+                for statement in statements:
+                    connection.execute(statement)
+        except (psycopg.Error, PersistenceError) as error:
+            raise LedgerError(f"cannot grant reporting to {role}: {describe(error)}") from None
+        return names
+
+    def close(self) -> None:
+        self.datastore.close()
