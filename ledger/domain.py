@@ -483,10 +483,18 @@ class Cluster:
         node.since_position = fact.position
         node.lost_allocs = lost if status == "down" or lost else node.lost_allocs
         self._changed_node(node)
+        why = f"parent {node.node} {'went down' if status == 'down' else 'was removed'}"
+        self._cascade(node, why, fact)
+
+    def _cascade(self, node: Node, why: str, fact: Fact) -> None:
+        """Take down every node whose parent chain includes this one."""
         for child_name in sorted(self.child_nodes(node.node)):
             child = self.node(child_name)
-            if child is not None and child.status not in ("down", "removed"):
-                why = f"parent {node.node} {'went down' if status == 'down' else 'was removed'}"
+            if child is None:
+                continue
+            if child.status in ("down", "removed"):
+                self._cascade(child, why, fact)  # its own children may have come back
+            else:
                 self._take_down(child, why, fact)
 
     def _mark_unknown(self, alloc: Allocation, fact: Fact) -> None:

@@ -243,7 +243,7 @@ def _is_text(annotation: Any) -> bool:
 
 def canonical(event: Event, at: datetime) -> dict[str, Any]:
     """The event as it is kept: defaults filled, ``at`` set, no nulls."""
-    data = event.model_dump(mode="json", exclude_none=True)
+    data = {k: v for k, v in event.model_dump(mode="json").items() if v is not None}
     data["at"] = timestamp(at if event.at is None else event.at)
     return data
 
@@ -263,5 +263,8 @@ def restore(data: dict[str, Any]) -> Event:
     model = EVENT_TYPES[data["type"]]
     fields = dict(data)
     if "slots" in fields and model is Heartbeat:
-        fields["slots"] = [SlotReport.model_construct(**item) for item in fields["slots"]]
+        fields["slots"] = [
+            SlotReport.model_construct(slot=item["slot"], alloc=item.get("alloc"))
+            for item in fields["slots"]
+        ]
     return model.model_construct(**fields)
