@@ -3,14 +3,224 @@
 Each event's hash covers the previous hash, its position, its topic and its
 stored bytes, so editing, deleting, inserting or swapping any kept event
 changes every hash from there on (as in QLDB journal digests or immudb).
+
+``verify`` recomputes the chain from the log and compares it with the hashes
+kept beside it (``event_hashes``), naming the first position that does not
+match. The kept hashes only prove the log against careless or partial
+tampering: anyone who can write the file can also recompute them. A
+``Digest`` (head position and hash) saved elsewhere closes that gap:
+``verify(store, digest)`` proves the current log still extends it.
 """
 
 from __future__ import annotations
 
+import re
+import time
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
 from hashlib import sha256
+from typing import Any
+
+from ledger.errors import LedgerError
+from ledger.store import Store
 
 GENESIS = "0" * 64
+PAGE = 5000
+_DIGEST = re.compile(r"^(\d+):([0-9a-f]{64})$")
 
 
 def link(previous: str, position: int, topic: str, state: bytes) -> str:
-    return sha256(b"%s\n%d\n%s\n%s" % (previous.encode(), position, topic.encode(), state)).hexdigest()
+    digest = sha256(previous.encode())
+    digest.update(b"\n%d\n" % position)
+    digest.update(topic.encode())
+    digest.update(b"\n")
+    digest.update(state)
+    return digest.hexdigest()
+
+
+@dataclass(frozen=True, slots=True)
+class Digest:
+    """A head of the chain, kept elsewhere: ``POSITION:HASH``."""
+
+    position: int
+    hash: str
+
+    @classmethod
+    def parse(cls, text: str) -> Digest:
+        found = _DIGEST.match(text.strip().lower())
+        if found is None:
+            raise LedgerError(
+                f"{text!r} is not a digest: expected POSITION:HASH "
+                "(a position and 64 hex digits, as printed by `alloc-ledger digest`)"
+            )
+        return cls(int(found.group(1)), found.group(2))
+
+    def __str__(self) -> str:
+        return f"{self.position}:{self.hash}"
+
+
+@dataclass(frozen=True, slots=True)
+class Verification:
+    """What recomputing the chain found."""
+
+    head: int  # the last position checked
+    hash: str  # the recomputed hash at ``head`` (or up to the first break)
+    events: int
+    seconds: float
+    position: int | None = None  # the first position that does not match
+    problem: str | None = None
+    digest: Digest | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.problem is None
+
+    @property
+    def events_per_second(self) -> float:
+        return round(self.events / self.seconds, 1) if self.seconds > 0 else 0.0
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "ok": self.ok,
+            "head": self.head,
+            "hash": self.hash,
+            "events": self.events,
+            "seconds": round(self.seconds, 3),
+            "events_per_second": self.events_per_second,
+            "digest": None if self.digest is None else str(self.digest),
+            "position": self.position,
+            "problem": self.problem,
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class Break:
+    position: int
+    problem: str
+
+
+class ChainCheck:
+    """Walks kept events and kept hashes side by side, both in position order."""
+
+    def __init__(self, digest: Digest | None = None) -> None:
+        self.digest = digest
+        self.previous = GENESIS
+        self.checked = 0
+
+    def run(
+        self, events: Iterable[tuple[int, str, bytes]], hashes: Iterable[tuple[int, str]]
+    ) -> Break | None:
+        kept = iter(hashes)
+        stored = next(kept, None)
+        if self.digest is not None and self.digest.position == 0:
+            found = self._against_digest(0, GENESIS)
+            if found is not None:
+                return found
+        for position, topic, state in events:
+            expected = self.checked + 1
+            if position != expected:
+                return Break(
+                    expected,
+                    f"position {expected} is missing from the log "
+                    f"(the next event kept is at position {position})",
+                )
+            if stored is not None and stored[0] < position:
+                return self._orphan_hash(stored[0])
+            if stored is None or stored[0] > position:
+                return Break(position, f"position {position} has no chain hash")
+            recomputed = link(self.previous, position, topic, state)
+            if recomputed != stored[1]:
+                return Break(
+                    position,
+                    f"the event at position {position} does not match its chain hash "
+                    "(edited, inserted, moved, or its hash altered)",
+                )
+            self.previous = recomputed
+            self.checked = position
+            found = self._against_digest(position, recomputed)
+            if found is not None:
+                return found
+            stored = next(kept, None)
+        if stored is not None:
+            return self._orphan_hash(stored[0])
+        if self.digest is not None and self.digest.position > self.checked:
+            return Break(
+                self.checked + 1,
+                f"the log ends at position {self.checked}, before the digest's position "
+                f"{self.digest.position}: events after {self.checked} were removed",
+            )
+        return None
+
+    def _orphan_hash(self, position: int) -> Break:
+        return Break(
+            position,
+            f"position {position} has a chain hash but no event "
+            f"(the log holds positions 1 to {self.checked} in order)",
+        )
+
+    def _against_digest(self, position: int, recomputed: str) -> Break | None:
+        if self.digest is None or self.digest.position != position:
+            return None
+        if recomputed == self.digest.hash:
+            return None
+        return Break(
+            position,
+            f"the log no longer extends digest {self.digest}: position {position} "
+            f"now hashes to {recomputed}",
+        )
+
+
+def kept_hashes(store: Store, cursor: Any) -> Iterator[tuple[int, str]]:
+    """Every row of ``event_hashes`` in position order, page by page."""
+    after: int | None = None
+    while True:
+        if after is None:
+            cursor.execute(
+                f"SELECT position, hash FROM event_hashes ORDER BY position LIMIT {PAGE}"
+            )
+        else:
+            cursor.execute(
+                "SELECT position, hash FROM event_hashes "
+                f"WHERE position > {store.param} ORDER BY position LIMIT {PAGE}",
+                (after,),
+            )
+        page = [(int(row[0]), str(row[1])) for row in cursor.fetchall()]
+        yield from page
+        if len(page) < PAGE:
+            return
+        after = page[-1][0]
+
+
+def verify(store: Store, digest: Digest | None = None) -> Verification:
+    """Recompute the chain over the whole log; name the first position that
+    does not match, or prove the log extends ``digest``."""
+    started = time.perf_counter()
+    check = ChainCheck(digest)
+    with store.reading() as cursor:
+        head = store.head(cursor)
+        events = (
+            (e.originator_version, e.topic, bytes(e.state)) for e in store.read_log(0, head)
+        )
+        found = check.run(events, kept_hashes(store, cursor))
+    seconds = time.perf_counter() - started
+    if found is None:
+        return Verification(head, check.previous, check.checked, seconds, digest=digest)
+    return Verification(
+        check.checked, check.previous, check.checked, seconds, found.position,
+        found.problem, digest,
+    )
+
+
+def current_digest(store: Store) -> Digest:
+    """The head of the log and its kept chain hash."""
+    with store.reading() as cursor:
+        head = store.head(cursor)
+        if head == 0:
+            return Digest(0, GENESIS)
+        kept = store.hash_at(cursor, head)
+    if kept is None:
+        raise LedgerError(
+            f"position {head} has no chain hash; run `alloc-ledger verify` to see where "
+            "the log was tampered with"
+        )
+    return Digest(head, kept)

@@ -7,6 +7,7 @@ Every event is validated strictly: unknown fields, wrong types and unknown
 from __future__ import annotations
 
 import json
+from types import SimpleNamespace
 from datetime import UTC, datetime, timedelta
 from typing import Annotated, Any, Literal, Union
 
@@ -258,13 +259,20 @@ def timestamp(moment: datetime) -> str:
 _ZERO = timedelta(0)
 
 
+_DEFAULTS: dict[str, dict[str, Any]] = {
+    name: {f: info.default for f, info in model.model_fields.items() if not info.is_required()}
+    for name, model in EVENT_TYPES.items()
+}
+
+
 def restore(data: dict[str, Any]) -> Event:
-    """Rebuild a stored (already validated) event without validating again."""
-    model = EVENT_TYPES[data["type"]]
-    fields = dict(data)
-    if "slots" in fields and model is Heartbeat:
+    """Rebuild a stored (already validated) event without validating again.
+
+    Replays run this for every kept event, so it builds a plain namespace with
+    the model's attributes and defaults rather than a pydantic model."""
+    fields = _DEFAULTS[data["type"]] | data
+    if fields.get("slots") and data["type"] == "heartbeat":
         fields["slots"] = [
-            SlotReport.model_construct(slot=item["slot"], alloc=item.get("alloc"))
-            for item in fields["slots"]
+            SimpleNamespace(slot=item["slot"], alloc=item.get("alloc")) for item in fields["slots"]
         ]
-    return model.model_construct(**fields)
+    return SimpleNamespace(**fields)  # type: ignore[return-value]

@@ -43,7 +43,8 @@ PAGE = 5000
 TRACKING = "tracking"
 STATE_PREFIX = "state_"
 SCHEMA_NAME = re.compile(r"[a-z_][a-z0-9_]{0,62}")
-OPTIONS = {"schema", "projections", "connect_timeout", "sslmode"}
+OPTIONS = {"schema", "projections", "connect_timeout", "sslmode", "application_name"}
+LIBPQ_OPTIONS = ("sslmode", "application_name")
 
 APPEND_ONLY = [
     """CREATE TABLE IF NOT EXISTS event_ids (id TEXT PRIMARY KEY, position BIGINT NOT NULL)""",
@@ -113,8 +114,8 @@ class PostgresStore:
         }
         timeout = float(options.get("connect_timeout", "5"))
         extra = {"options": f"-c search_path={self.schema}"}
-        if "sslmode" in options:
-            extra["sslmode"] = options["sslmode"]
+        extra.update((k, v) for k, v in options.items() if k in LIBPQ_OPTIONS)
+        self.extra = extra
         self._check_and_create(timeout, extra)
         try:
             self.datastore = PostgresDatastore(
@@ -323,7 +324,7 @@ class PostgresStore:
         """Listen for appends (the recorder NOTIFYs on every insert); yield a
         ``wait(timeout)`` that returns whether something was appended."""
         channel = self.recorder.channel_name
-        connection = self._connect(5, {})
+        connection = self._connect(5, self.extra)
         try:
             connection.execute(sql.SQL("LISTEN {}").format(sql.Identifier(channel)))
 
