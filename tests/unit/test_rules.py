@@ -1,0 +1,227 @@
+"""Ledger-wide rules (SPEC section 2): positions, the rejection log, invalid
+events and safe retries by ``id``.
+
+The rules of each event type are in ``test_rules_nodes.py`` and
+``test_rules_allocs.py``; the ``cluster`` fixture is in ``tests/conftest.py``.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+
+def test_positions_are_gapless_and_start_at_1(cluster):
+    assert cluster.happens("node-registered", node="n1", slots=1) == 1
+    assert cluster.happens("heartbeat", node="n1") == 2
+    assert cluster.happens("alloc-placed", alloc="a1", node="n1", slot=0) == 3
+    assert cluster.head() == 3
+
+
+def test_a_rejected_event_takes_the_next_position_like_any_other(cluster):
+    cluster.happens("node-registered", node="n1")
+
+    receipt = cluster.submit("node-registered", node="n1")
+
+    assert (receipt.status, receipt.position) == ("rejected", 2)
+    assert cluster.happens("heartbeat", node="n1") == 3
+
+
+def test_positions_continue_after_the_store_is_reopened(cluster):
+    cluster.happens("node-registered", node="n1")
+    cluster.happens("heartbeat", node="n1")
+
+    cluster.reopen()
+
+    assert cluster.happens("heartbeat", node="n1") == 3
+    assert cluster.status("n1") == "ready"
+
+
+# -- the rejection log ------------------------------------------------------
+
+def busy_cluster(cluster):
+    """n1 (2 slots) runs a1 on n1#0 with 10.0.0.5; a2 is complete; a3 is desired remove."""
+    cluster.ready_node("n1", slots=2)
+    cluster.running("a1", "n1", slot=0, addresses=["10.0.0.5"], max_disconnect=60)
+    cluster.place("a2", "n1")
+    cluster.report("a2", "complete")
+    cluster.place("a3", "n1")
+    cluster.happens("alloc-remove-requested", alloc="a3")
+
+
+REFUSED = [
+    pytest.param(
+        {"type": "alloc-placed", "alloc": "a4", "node": "n1", "slot": 0},
+        "slot n1#0 is already held by allocation a1",
+        id="slot-held",
+    ),
+    pytest.param(
+        {"type": "alloc-placed", "alloc": "a4", "node": "n1", "addresses": ["10.0.0.5"]},
+        "address 10.0.0.5 is still held by allocation a1, which has not shut down",
+        id="address-held",
+    ),
+    pytest.param(
+        {"type": "alloc-placed", "alloc": "a1", "node": "n1", "slot": 1},
+        "allocation a1 already holds slot n1#0",
+        id="allocation-moves",
+    ),
+    pytest.param(
+        {"type": "alloc-updated", "alloc": "a2", "client_status": "running"},
+        "allocation a2 is complete; a terminal status never changes",
+        id="terminal-final",
+    ),
+    pytest.param(
+        {"type": "alloc-stop-requested", "alloc": "a3"},
+        "allocation a3 is already desired remove; desired status only moves forward "
+        "(run, stop, remove), not to stop",
+        id="desired-backwards",
+    ),
+    pytest.param(
+        {"type": "alloc-removed", "alloc": "a1"},
+        "allocation a1 is running; removing it now would free 10.0.0.5, slot n1#0 "
+        "before it shuts down",
+        id="removed-before-shutdown",
+    ),
+    pytest.param(
+        {"type": "node-registered", "node": "n1", "slots": 4},
+        "node n1 is already registered",
+        id="re-register",
+    ),
+    pytest.param(
+        {"type": "heartbeat", "node": "n1", "slots": [{"slot": 2, "alloc": "a1"}]},
+        "slot report names slot n1#2, but node n1 has 2 slots",
+        id="bad-slot-report",
+    ),
+]
+
+
+@pytest.mark.parametrize(("event", "reason"), REFUSED)
+def test_a_rejected_event_is_kept_in_the_rejection_log_and_changes_nothing_else(
+    cluster, event, reason
+):
+    busy_cluster(cluster)
+    before = cluster.snapshot()
+    head = cluster.head()
+
+    receipt = cluster.ledger.submit(event)
+
+    assert (receipt.status, receipt.position, receipt.error) == ("rejected", head + 1, reason)
+    [kept] = cluster.rejections()
+    assert (kept["position"], kept["type"], kept["reason"]) == (head + 1, event["type"], reason)
+    assert kept["entity"] == event.get("alloc", event.get("node"))
+    stored = json.loads(kept["event"])
+    assert {field: stored.get(field) for field in event} == event
+    assert stored["at"] == kept["at"]
+    assert cluster.snapshot() == before
+
+
+def test_an_appended_event_leaves_the_rejection_log_alone(cluster):
+    busy_cluster(cluster)
+
+    assert cluster.rejections() == []
+
+
+# -- invalid events ---------------------------------------------------------
+
+INVALID = [
+    pytest.param({"type": "node-rebooted", "node": "n1"}, "unknown type 'node-rebooted'",
+                 id="unknown-type"),
+    pytest.param({"node": "n1"}, "missing field 'type'", id="missing-type"),
+    pytest.param({"type": "heartbeat", "node": "n1", "colour": "red"},
+                 "unknown field 'colour'", id="unknown-field"),
+    pytest.param({"type": "node-registered", "node": "n2", "slots": "2"},
+                 "field 'slots': Input should be a valid integer", id="wrong-type-int"),
+    pytest.param({"type": "health-checked", "node": "n1", "passed": "yes"},
+                 "field 'passed': Input should be a valid boolean", id="wrong-type-bool"),
+    pytest.param({"type": "alloc-placed", "alloc": "a2", "node": "n1", "addresses": "10.0.0.9"},
+                 "field 'addresses': Input should be a valid list", id="wrong-type-list"),
+    pytest.param({"type": "alloc-placed", "alloc": "a2"}, "missing field 'node'",
+                 id="missing-field"),
+    pytest.param({"type": "alloc-updated", "alloc": "a1", "client_status": "lost"},
+                 "field 'client_status': Input should be 'pending', 'running', 'complete' "
+                 "or 'failed'", id="status-not-reportable"),
+    pytest.param({"type": "heartbeat", "node": "n1", "slots": [{"slot": "0", "alloc": None}]},
+                 "field 'slots.0.slot': Input should be a valid integer", id="slot-report-type"),
+]
+
+
+@pytest.mark.parametrize(("event", "message"), INVALID)
+def test_an_invalid_event_is_reported_naming_the_field_and_changes_nothing(
+    cluster, event, message
+):
+    cluster.ready_node("n1", slots=1)
+    cluster.running("a1", "n1", slot=0)
+    before = cluster.snapshot()
+
+    receipt = cluster.ledger.submit(event)
+
+    assert (receipt.status, receipt.position, receipt.error) == ("invalid", None, message)
+    assert cluster.head() == 4
+    assert cluster.rejections() == []
+    assert cluster.snapshot() == before
+
+
+def test_an_invalid_event_takes_no_position(cluster):
+    cluster.happens("node-registered", node="n1")
+
+    assert cluster.submit("heartbeat", node="n1", colour="red").status == "invalid"
+
+    assert cluster.happens("heartbeat", node="n1") == 2
+
+
+# -- safe retries by id -----------------------------------------------------
+
+def test_an_id_already_in_the_ledger_is_a_duplicate_with_the_original_position(cluster):
+    cluster.happens("node-registered", node="n1", id="reg-n1")
+    cluster.happens("heartbeat", node="n1", id="hb-1")
+    before = cluster.snapshot()
+
+    receipt = cluster.submit("node-registered", node="n1", id="reg-n1")
+
+    assert (receipt.status, receipt.position, receipt.error) == ("duplicate", 1, None)
+    assert cluster.head() == 2
+    assert cluster.rejections() == []
+    assert cluster.snapshot() == before
+
+
+def test_the_id_decides_a_duplicate_even_when_the_event_differs(cluster):
+    cluster.happens("node-registered", node="n1", id="e-1")
+
+    receipt = cluster.submit("node-registered", node="n2", id="e-1")
+
+    assert (receipt.status, receipt.position) == ("duplicate", 1)
+    assert cluster.rows("SELECT node FROM nodes") == [{"node": "n1"}]
+
+
+def test_a_retried_rejection_is_a_duplicate_of_the_kept_rejection(cluster):
+    cluster.happens("node-registered", node="n1")
+    assert cluster.refused("node-registered", node="n1", id="again") == (
+        "node n1 is already registered"
+    )
+
+    receipt = cluster.submit("node-registered", node="n1", id="again")
+
+    assert (receipt.status, receipt.position) == ("duplicate", 2)
+    assert [r["position"] for r in cluster.rejections()] == [2]
+    assert cluster.head() == 2
+
+
+def test_an_invalid_event_does_not_use_up_its_id(cluster):
+    assert cluster.submit("node-registered", node="n1", slots="1", id="reg").status == "invalid"
+
+    assert cluster.happens("node-registered", node="n1", slots=1, id="reg") == 1
+
+
+def test_an_id_is_still_a_duplicate_after_the_store_is_reopened(cluster):
+    cluster.happens("node-registered", node="n1", slots=1, id="reg-n1")
+    cluster.happens("heartbeat", node="n1", id="hb-1")
+    cluster.reopen()
+    before = cluster.snapshot()
+
+    receipt = cluster.submit("heartbeat", node="n1", id="hb-1")
+
+    assert (receipt.status, receipt.position) == ("duplicate", 2)
+    assert cluster.head() == 2
+    assert cluster.snapshot() == before
+    assert cluster.happens("heartbeat", node="n1", id="hb-2") == 3

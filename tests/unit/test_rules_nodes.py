@@ -1,0 +1,638 @@
+"""The node rules of SPEC section 2, one rule per test: node-registered,
+heartbeat, heartbeat-missed, node-down, node-removed, node-suspected,
+health-checked. The ``cluster`` fixture is in ``tests/conftest.py``.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+# -- node-registered --------------------------------------------------------
+
+
+def test_a_registered_node_is_initializing_and_healthy_with_free_slots(cluster):
+    position = cluster.happens("node-registered", node="n1", slots=2)
+
+    node = cluster.node("n1")
+    assert (node["status"], node["health"], node["slots"], node["parent"]) == (
+        "initializing", "ok", 2, None
+    )
+    assert node["since_position"] == position
+    assert cluster.rows("SELECT node, slot, state, alloc FROM slots ORDER BY slot") == [
+        {"node": "n1", "slot": 0, "state": "free", "alloc": None},
+        {"node": "n1", "slot": 1, "state": "free", "alloc": None},
+    ]
+
+
+def test_a_node_registered_without_slots_has_none(cluster):
+    cluster.happens("node-registered", node="n1")
+
+    assert cluster.node("n1")["slots"] == 0
+    assert cluster.rows("SELECT * FROM slots") == []
+
+
+def test_a_node_may_be_registered_under_an_existing_parent(cluster):
+    cluster.happens("node-registered", node="host")
+
+    cluster.happens("node-registered", node="wc1", parent="host")
+
+    assert cluster.node("wc1")["parent"] == "host"
+    assert cluster.status("wc1") == "initializing"
+
+
+def test_the_parent_must_be_registered(cluster):
+    reason = cluster.refused("node-registered", node="wc1", parent="host")
+
+    assert reason == "parent node host is not registered"
+    assert cluster.rows("SELECT * FROM nodes") == []
+
+
+def test_the_parent_must_not_be_down(cluster):
+    cluster.happens("node-registered", node="host")
+    cluster.happens("node-down", node="host")
+
+    reason = cluster.refused("node-registered", node="wc1", parent="host")
+
+    assert reason == "parent node host is down"
+    assert cluster.rows("SELECT node FROM nodes") == [{"node": "host"}]
+
+
+def test_the_parent_must_not_be_removed(cluster):
+    cluster.happens("node-registered", node="host")
+    cluster.happens("node-removed", node="host")
+
+    reason = cluster.refused("node-registered", node="wc1", parent="host")
+
+    assert reason == "parent node host is removed"
+    assert cluster.rows("SELECT node FROM nodes") == [{"node": "host"}]
+
+
+def test_registering_a_node_again_is_rejected(cluster):
+    cluster.ready_node("n1", slots=1)
+
+    reason = cluster.refused("node-registered", node="n1", slots=4)
+
+    assert reason == "node n1 is already registered"
+    assert (cluster.status("n1"), cluster.node("n1")["slots"]) == ("ready", 1)
+
+
+# -- heartbeat --------------------------------------------------------------
+
+
+def test_a_heartbeat_from_an_unknown_node_is_rejected(cluster):
+    assert cluster.refused("heartbeat", node="n9") == "node n9 is not registered"
+    assert cluster.rows("SELECT * FROM nodes") == []
+
+
+def test_a_heartbeat_from_a_removed_node_is_rejected(cluster):
+    cluster.ready_node("n1")
+    cluster.happens("node-removed", node="n1")
+
+    assert cluster.refused("heartbeat", node="n1") == "node n1 has been removed"
+    assert cluster.status("n1") == "removed"
+
+
+def test_the_first_heartbeat_makes_an_initializing_node_ready(cluster):
+    cluster.happens("node-registered", node="n1")
+
+    position = cluster.happens("heartbeat", node="n1")
+
+    node = cluster.node("n1")
+    assert (node["status"], node["since_position"]) == ("ready", position)
+    assert node["last_heartbeat_position"] == position
+
+
+def test_a_heartbeat_brings_a_down_node_back_ready(cluster):
+    cluster.ready_node("n1")
+    cluster.happens("node-down", node="n1", reason="instance gone")
+
+    cluster.happens("heartbeat", node="n1")
+
+    assert cluster.status("n1") == "ready"
+
+
+def test_a_heartbeat_keeps_a_ready_node_ready(cluster):
+    cluster.ready_node("n1")
+
+    position = cluster.happens("heartbeat", node="n1")
+
+    node = cluster.node("n1")
+    assert (node["status"], node["since_position"], node["last_heartbeat_position"]) == (
+        "ready", 2, position
+    )
+
+
+def test_a_returning_node_with_an_allocation_to_reconnect_is_initializing(cluster):
+    """Nomad #15808: no new placements until it has reported its allocations."""
+    cluster.ready_node("n1", slots=2)
+    cluster.running("a1", "n1", slot=0, max_disconnect=300)
+    cluster.happens("heartbeat-missed", node="n1")
+
+    cluster.happens("heartbeat", node="n1")
+
+    assert cluster.status("n1") == "initializing"
+    assert cluster.needing_reconnect() == ["a1"]
+    assert cluster.refused("alloc-placed", alloc="a2", node="n1", slot=1) == (
+        "node n1 is not ready (status initializing); it takes no placements"
+    )
+
+
+def test_a_returning_node_with_nothing_to_reconnect_is_ready(cluster):
+    cluster.ready_node("n1")
+    cluster.place("a1", "n1", max_disconnect=300)  # pending: lost on disconnect
+    cluster.happens("heartbeat-missed", node="n1")
+    assert cluster.status("n1") == "disconnected"
+
+    cluster.happens("heartbeat", node="n1")
+
+    assert cluster.status("n1") == "ready"
+
+
+def test_more_heartbeats_keep_a_returning_node_initializing_until_it_reports(cluster):
+    """SPEC says initializing -> ready on heartbeat; the code (reasonably, per
+    Nomad #15808) keeps it initializing while an allocation still needs to reconnect."""
+    cluster.ready_node("n1")
+    cluster.running("a1", "n1", max_disconnect=300)
+    cluster.happens("heartbeat-missed", node="n1")
+    cluster.happens("heartbeat", node="n1")
+
+    cluster.happens("heartbeat", node="n1")
+
+    assert cluster.status("n1") == "initializing"
+
+
+def reported(cluster, node):
+    found = cluster.rows(
+        "SELECT slot, reported_alloc, reported_position FROM slots WHERE node = ? ORDER BY slot",
+        node,
+    )
+    return [(row["slot"], row["reported_alloc"], row["reported_position"]) for row in found]
+
+
+def test_a_slot_report_is_kept_beside_the_ledgers_own_slot_table(cluster):
+    cluster.ready_node("n1", slots=2)
+    cluster.place("a1", "n1", slot=0)
+
+    position = cluster.happens(
+        "heartbeat", node="n1", slots=[{"slot": 0, "alloc": "a1"}, {"slot": 1, "alloc": "x"}]
+    )
+
+    assert reported(cluster, "n1") == [(0, "a1", position), (1, "x", position)]
+    assert cluster.slot_state("n1", 1) == ("free", None)
+
+
+def test_a_slot_report_replaces_the_last_reported_table(cluster):
+    cluster.ready_node("n1", slots=3)
+    cluster.happens(
+        "heartbeat", node="n1", slots=[{"slot": 0, "alloc": "a1"}, {"slot": 1, "alloc": "a2"}]
+    )
+
+    position = cluster.happens("heartbeat", node="n1", slots=[{"slot": 2, "alloc": "a1"}])
+
+    assert reported(cluster, "n1") == [(0, None, position), (1, None, position),
+                                       (2, "a1", position)]
+
+
+def test_a_heartbeat_without_a_slot_report_keeps_the_last_one(cluster):
+    cluster.ready_node("n1", slots=1)
+    position = cluster.happens("heartbeat", node="n1", slots=[{"slot": 0, "alloc": "a1"}])
+
+    cluster.happens("heartbeat", node="n1")
+
+    assert reported(cluster, "n1") == [(0, "a1", position)]
+
+
+def test_a_slot_report_naming_a_slot_out_of_range_is_rejected(cluster):
+    cluster.ready_node("n1", slots=2)
+    before = cluster.snapshot()
+
+    reason = cluster.refused("heartbeat", node="n1", slots=[{"slot": 2, "alloc": "a1"}])
+
+    assert reason == "slot report names slot n1#2, but node n1 has 2 slots"
+    assert cluster.snapshot() == before
+
+
+def test_a_slot_report_listing_a_slot_twice_is_rejected(cluster):
+    cluster.ready_node("n1", slots=2)
+    before = cluster.snapshot()
+
+    reason = cluster.refused(
+        "heartbeat", node="n1", slots=[{"slot": 0, "alloc": "a1"}, {"slot": 0, "alloc": None}]
+    )
+
+    assert reason == "slot report lists slot n1#0 twice"
+    assert cluster.snapshot() == before
+
+
+# -- heartbeat-missed -------------------------------------------------------
+
+
+def test_a_missed_heartbeat_disconnects_a_node_with_an_allocation_that_may_wait(cluster):
+    cluster.ready_node("n1", slots=1)
+    cluster.running("a1", "n1", slot=0, addresses=["10.0.0.5"], max_disconnect=300)
+
+    position = cluster.happens("heartbeat-missed", node="n1")
+
+    assert cluster.status("n1") == "disconnected"
+    alloc = cluster.alloc("a1")
+    assert (alloc["client_status"], alloc["desired_status"], alloc["needs_reconnect"]) == (
+        "unknown", "run", 1
+    )
+    assert alloc["unknown_since_position"] == position
+    assert cluster.states("a1") == [("unknown", position)]
+    assert cluster.needing_reconnect() == ["a1"]
+
+
+def test_an_allocation_waiting_for_its_node_keeps_its_slot_and_addresses(cluster):
+    cluster.ready_node("n1", slots=1)
+    cluster.running("a1", "n1", slot=0, addresses=["10.0.0.5"], max_disconnect=300)
+
+    cluster.happens("heartbeat-missed", node="n1")
+
+    assert cluster.slot_state("n1", 0) == ("active", "a1")
+    assert cluster.holder("10.0.0.5") == ("a1", "held")
+
+
+def test_on_disconnect_every_other_live_allocation_is_lost(cluster):
+    cluster.ready_node("n1", slots=3)
+    cluster.running("waits", "n1", slot=0, max_disconnect=300)
+    cluster.place("pending", "n1", slot=1, max_disconnect=300, addresses=["10.0.0.6"])
+    cluster.running("no-wait", "n1", slot=2, addresses=["10.0.0.7"])
+
+    position = cluster.happens("heartbeat-missed", node="n1")
+
+    assert cluster.status("n1") == "disconnected"
+    for lost in ("pending", "no-wait"):
+        alloc = cluster.alloc(lost)
+        assert (alloc["client_status"], alloc["needs_reconnect"]) == ("lost", 0)
+        # The SPEC only says "lost" here; the code also moves desired to stop, as node-down does.
+        assert alloc["desired_status"] == "stop"
+        assert cluster.states(lost) == [("lost", position)]
+    assert cluster.slot_state("n1", 1) == ("free", None)
+    assert cluster.slot_state("n1", 2) == ("free", None)
+    assert cluster.holder("10.0.0.6") is None
+    assert cluster.holder("10.0.0.7") is None
+    assert cluster.alloc("waits")["client_status"] == "unknown"
+
+
+def test_on_disconnect_a_running_allocation_with_max_disconnect_waits_whatever_is_desired(
+    cluster,
+):
+    """The SPEC: "each of its running allocations with max_disconnect gets client status
+    unknown"; only the decision to disconnect looks at desired run."""
+    cluster.ready_node("n1")
+    cluster.running("keeps", "n1", max_disconnect=300)
+    cluster.running("stopping", "n1", max_disconnect=300)
+    cluster.happens("alloc-stop-requested", alloc="stopping")
+
+    position = cluster.happens("heartbeat-missed", node="n1")
+
+    assert cluster.status("n1") == "disconnected"
+    assert cluster.states("stopping") == [("unknown", position)]
+    assert cluster.needing_reconnect() == ["keeps", "stopping"]
+
+
+def test_a_missed_heartbeat_from_an_initializing_node_disconnects_it_too(cluster):
+    cluster.ready_node("n1", slots=2)
+    cluster.running("a1", "n1", slot=0, max_disconnect=300)
+    cluster.running("a2", "n1", slot=1, max_disconnect=300)
+    first = cluster.happens("heartbeat-missed", node="n1")
+    cluster.happens("heartbeat", node="n1")  # initializing: a1 and a2 must report
+    back = cluster.report("a1", "running")  # the node is ready again, a2 still unknown
+
+    position = cluster.happens("heartbeat-missed", node="n1")
+
+    assert cluster.status("n1") == "disconnected"
+    assert cluster.states("a1") == [("unknown", first), ("running", back), ("unknown", position)]
+    assert cluster.states("a2") == [("unknown", first)]
+    assert cluster.needing_reconnect() == ["a1", "a2"]
+
+
+def test_an_allocation_with_max_disconnect_and_desired_stop_does_not_keep_the_node(cluster):
+    cluster.ready_node("n1")
+    cluster.running("a1", "n1", max_disconnect=300)
+    cluster.happens("alloc-stop-requested", alloc="a1")
+
+    cluster.happens("heartbeat-missed", node="n1")
+
+    assert cluster.status("n1") == "down"
+    assert cluster.alloc("a1")["client_status"] == "lost"
+
+
+def test_a_terminal_allocation_with_max_disconnect_does_not_keep_the_node(cluster):
+    cluster.ready_node("n1")
+    cluster.running("a1", "n1", max_disconnect=300)
+    cluster.report("a1", "complete")
+
+    position = cluster.happens("heartbeat-missed", node="n1")
+
+    node = cluster.node("n1")
+    assert (node["status"], node["reason"], node["since_position"]) == (
+        "down", "missed heartbeat", position
+    )
+    assert cluster.alloc("a1")["client_status"] == "complete"
+    assert cluster.states("a1") == []
+
+
+def test_a_missed_heartbeat_takes_down_a_node_whose_allocations_cannot_wait(cluster):
+    cluster.ready_node("n1", slots=1)
+    cluster.running("a1", "n1", slot=0, addresses=["10.0.0.5"])
+
+    position = cluster.happens("heartbeat-missed", node="n1")
+
+    node = cluster.node("n1")
+    assert (node["status"], node["reason"]) == ("down", "missed heartbeat")
+    assert json.loads(node["lost_allocs"]) == ["a1"]
+    alloc = cluster.alloc("a1")
+    assert (alloc["client_status"], alloc["desired_status"]) == ("lost", "stop")
+    assert cluster.states("a1") == [("lost", position)]
+    assert cluster.slot_state("n1", 0) == ("free", None)
+    assert cluster.holder("10.0.0.5") is None
+
+
+def test_a_missed_heartbeat_from_a_new_node_takes_it_down(cluster):
+    cluster.happens("node-registered", node="n1")
+
+    cluster.happens("heartbeat-missed", node="n1")
+
+    assert cluster.status("n1") == "down"
+
+
+@pytest.mark.parametrize("how", ["disconnected", "down"])
+def test_a_missed_heartbeat_from_a_node_already_away_is_appended_and_changes_nothing(
+    cluster, how
+):
+    cluster.ready_node("n1", slots=1)
+    cluster.running("a1", "n1", slot=0, max_disconnect=300)
+    cluster.happens("heartbeat-missed" if how == "disconnected" else "node-down", node="n1")
+    assert cluster.status("n1") == how
+    before = cluster.snapshot()
+
+    assert cluster.happens("heartbeat-missed", node="n1") == 6
+
+    assert cluster.snapshot() == before
+    assert cluster.rejections() == []
+
+
+def test_a_missed_heartbeat_from_a_removed_node_is_rejected(cluster):
+    cluster.ready_node("n1")
+    cluster.happens("node-removed", node="n1")
+
+    assert cluster.refused("heartbeat-missed", node="n1") == "node n1 has been removed"
+
+
+# -- node-down --------------------------------------------------------------
+
+
+def test_a_node_going_down_loses_its_live_allocations(cluster):
+    cluster.ready_node("n1", slots=2)
+    cluster.running("a1", "n1", slot=0, addresses=["10.0.0.5"], max_disconnect=300)
+    cluster.place("a2", "n1", slot=1, addresses=["10.0.0.6", "10.0.0.7"])
+
+    position = cluster.happens("node-down", node="n1", reason="instance gone")
+
+    node = cluster.node("n1")
+    assert (node["status"], node["reason"], node["since_position"]) == (
+        "down", "instance gone", position
+    )
+    assert json.loads(node["lost_allocs"]) == ["a1", "a2"]
+    for name in ("a1", "a2"):
+        alloc = cluster.alloc(name)
+        assert (alloc["client_status"], alloc["desired_status"]) == ("lost", "stop")
+        assert cluster.states(name) == [("lost", position)]
+    assert cluster.rows("SELECT state, alloc FROM slots") == [
+        {"state": "free", "alloc": None}, {"state": "free", "alloc": None}
+    ]
+    assert cluster.rows("SELECT * FROM addresses") == []
+
+
+def test_a_node_going_down_without_a_reason_has_none(cluster):
+    cluster.ready_node("n1")
+
+    cluster.happens("node-down", node="n1")
+
+    assert (cluster.status("n1"), cluster.node("n1")["reason"]) == ("down", None)
+
+
+def test_a_node_going_down_leaves_finished_allocations_as_they_are(cluster):
+    cluster.ready_node("n1")
+    cluster.running("done", "n1")
+    cluster.report("done", "complete")
+
+    cluster.happens("node-down", node="n1")
+
+    alloc = cluster.alloc("done")
+    assert (alloc["client_status"], alloc["desired_status"]) == ("complete", "run")
+    assert cluster.states("done") == []
+
+
+def test_a_disconnected_node_going_down_loses_the_allocations_that_waited(cluster):
+    cluster.ready_node("n1")
+    cluster.running("a1", "n1", max_disconnect=300)
+    unknown_at = cluster.happens("heartbeat-missed", node="n1")
+
+    position = cluster.happens("node-down", node="n1", reason="max disconnect expired")
+
+    alloc = cluster.alloc("a1")
+    assert (alloc["client_status"], alloc["needs_reconnect"]) == ("lost", 0)
+    assert cluster.states("a1") == [("unknown", unknown_at), ("lost", position)]
+    assert cluster.needing_reconnect() == []
+
+
+def family(cluster):
+    """host > wc1 > wc2, each running one allocation; other stays outside."""
+    cluster.ready_node("host", slots=1)
+    cluster.ready_node("wc1", slots=1, parent="host")
+    cluster.ready_node("wc2", slots=1, parent="wc1")
+    cluster.ready_node("other", slots=1)
+    for node in ("host", "wc1", "wc2", "other"):
+        cluster.running(f"lease-{node}", node, slot=0)
+
+
+def test_a_node_going_down_takes_its_children_and_grandchildren_down(cluster):
+    family(cluster)
+
+    position = cluster.happens("node-down", node="host", reason="resource vanished")
+
+    statuses = {r["node"]: (r["status"], r["reason"], r["since_position"])
+                for r in cluster.rows("SELECT * FROM nodes")}
+    assert statuses == {
+        "host": ("down", "resource vanished", position),
+        "wc1": ("down", "parent host went down", position),
+        "wc2": ("down", "parent wc1 went down", position),
+        "other": ("ready", None, 8),
+    }
+    for node in ("host", "wc1", "wc2"):
+        assert cluster.alloc(f"lease-{node}")["client_status"] == "lost"
+        assert cluster.states(f"lease-{node}") == [("lost", position)]
+        assert cluster.slot_state(node, 0) == ("free", None)
+    assert cluster.alloc("lease-other")["client_status"] == "running"
+
+
+def test_the_cascade_reaches_grandchildren_behind_a_child_already_down(cluster):
+    family(cluster)
+    cluster.happens("node-down", node="wc1")
+    cluster.happens("heartbeat", node="wc2")  # wc2 is back, under a child that is down
+    cluster.running("lease-2", "wc2", slot=0)
+
+    position = cluster.happens("node-down", node="host")
+
+    assert cluster.status("wc2") == "down"
+    assert cluster.states("lease-2") == [("lost", position)]
+
+
+def test_a_node_already_down_going_down_again_is_appended_and_changes_nothing(cluster):
+    family(cluster)
+    cluster.happens("node-down", node="host", reason="instance gone")
+    before = cluster.snapshot()
+
+    cluster.happens("node-down", node="host", reason="still gone")
+
+    assert cluster.snapshot() == before
+    assert cluster.node("host")["reason"] == "instance gone"
+
+
+def test_a_removed_node_cannot_go_down(cluster):
+    cluster.ready_node("n1")
+    cluster.happens("node-removed", node="n1")
+
+    assert cluster.refused("node-down", node="n1") == "node n1 has been removed"
+
+
+# -- node-removed -----------------------------------------------------------
+
+
+def test_a_removed_node_loses_its_allocations(cluster):
+    cluster.ready_node("n1", slots=1)
+    cluster.running("a1", "n1", slot=0, addresses=["10.0.0.5"])
+
+    position = cluster.happens("node-removed", node="n1")
+
+    assert cluster.status("n1") == "removed"
+    alloc = cluster.alloc("a1")
+    assert (alloc["client_status"], alloc["desired_status"]) == ("lost", "stop")
+    assert cluster.states("a1") == [("lost", position)]
+    assert cluster.slot_state("n1", 0) == ("free", None)
+    assert cluster.holder("10.0.0.5") is None
+
+
+def test_removing_a_node_takes_its_children_and_grandchildren_down(cluster):
+    """The SPEC says "same cascade as node-down": descendants go down, not removed."""
+    family(cluster)
+
+    position = cluster.happens("node-removed", node="host")
+
+    statuses = {r["node"]: (r["status"], r["reason"]) for r in cluster.rows("SELECT * FROM nodes")}
+    assert statuses == {
+        "host": ("removed", None),
+        "wc1": ("down", "parent host was removed"),
+        "wc2": ("down", "parent wc1 went down"),
+        "other": ("ready", None),
+    }
+    for node in ("host", "wc1", "wc2"):
+        assert cluster.states(f"lease-{node}") == [("lost", position)]
+    assert cluster.alloc("lease-other")["client_status"] == "running"
+
+
+LATER = [
+    pytest.param("heartbeat", {}, "node n1 has been removed", id="heartbeat"),
+    pytest.param("heartbeat-missed", {}, "node n1 has been removed", id="heartbeat-missed"),
+    pytest.param("node-down", {}, "node n1 has been removed", id="node-down"),
+    pytest.param("node-removed", {}, "node n1 has been removed", id="node-removed"),
+    pytest.param("node-suspected", {"reason": "disk"}, "node n1 has been removed",
+                 id="node-suspected"),
+    pytest.param("health-checked", {"passed": True}, "node n1 has been removed",
+                 id="health-checked"),
+    pytest.param("alloc-placed", {"alloc": "a2"}, "node n1 has been removed", id="alloc-placed"),
+    pytest.param("node-registered", {"slots": 1}, "node n1 is already registered",
+                 id="node-registered"),
+]
+
+
+@pytest.mark.parametrize(("kind", "fields", "reason"), LATER)
+def test_later_events_for_a_removed_node_are_rejected(cluster, kind, fields, reason):
+    cluster.ready_node("n1", slots=1)
+    cluster.running("a1", "n1", slot=0)
+    cluster.happens("node-removed", node="n1")
+    before = cluster.snapshot()
+
+    assert cluster.refused(kind, node="n1", **fields) == reason
+
+    assert cluster.snapshot() == before
+
+
+# -- node-suspected ---------------------------------------------------------
+
+
+def test_a_suspected_node_is_suspect_and_keeps_its_status(cluster):
+    cluster.ready_node("n1")
+    cluster.running("a1", "n1")
+
+    position = cluster.happens("node-suspected", node="n1", reason="disk errors")
+
+    node = cluster.node("n1")
+    assert (node["health"], node["status"], node["reason"], node["since_position"]) == (
+        "suspect", "ready", "disk errors", position
+    )
+    assert cluster.alloc("a1")["client_status"] == "running"
+
+
+def test_a_suspect_node_takes_no_placements(cluster):
+    cluster.ready_node("n1", slots=1)
+    cluster.happens("node-suspected", node="n1", reason="disk errors")
+
+    reason = cluster.refused("alloc-placed", alloc="a1", node="n1", slot=0)
+
+    assert reason == "node n1 is suspect; it takes no placements"
+    assert cluster.slot_state("n1", 0) == ("free", None)
+
+
+def test_an_unknown_node_cannot_be_suspected(cluster):
+    assert cluster.refused("node-suspected", node="n9", reason="x") == "node n9 is not registered"
+
+
+# -- health-checked ---------------------------------------------------------
+
+
+def test_a_passed_health_check_makes_a_suspect_node_healthy_again(cluster):
+    cluster.ready_node("n1", slots=1)
+    cluster.happens("node-suspected", node="n1", reason="disk errors")
+
+    cluster.happens("health-checked", node="n1", passed=True)
+
+    node = cluster.node("n1")
+    assert (node["health"], node["status"], node["reason"]) == ("ok", "ready", None)
+    cluster.place("a1", "n1", slot=0)
+    assert cluster.slot_state("n1", 0) == ("allocated", "a1")
+
+
+def test_a_failed_health_check_recycles_the_node_like_node_down(cluster):
+    family(cluster)
+    cluster.running("a2", "host", addresses=["10.0.0.5"])
+
+    position = cluster.happens("health-checked", node="host", passed=False)
+
+    node = cluster.node("host")
+    assert (node["status"], node["reason"], node["since_position"]) == (
+        "down", "health check failed", position
+    )
+    for alloc in ("lease-host", "a2"):
+        row = cluster.alloc(alloc)
+        assert (row["client_status"], row["desired_status"]) == ("lost", "stop")
+        assert cluster.states(alloc) == [("lost", position)]
+    assert cluster.slot_state("host", 0) == ("free", None)
+    assert cluster.holder("10.0.0.5") is None
+    assert (cluster.status("wc1"), cluster.status("wc2")) == ("down", "down")
+    assert cluster.states("lease-wc2") == [("lost", position)]
+
+
+def test_a_failed_health_check_on_a_node_already_down_changes_nothing(cluster):
+    cluster.ready_node("n1")
+    cluster.happens("node-down", node="n1", reason="instance gone")
+    before = cluster.snapshot()
+
+    cluster.happens("health-checked", node="n1", passed=False)
+
+    assert cluster.snapshot() == before
