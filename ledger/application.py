@@ -92,8 +92,8 @@ class Ledger:
 
     def submit_batch(self, items: list[Submission]) -> list[Receipt]:
         """Validate, decide and append a batch in one transaction."""
-        parsed: list[Event | Receipt] = [self._parse(item) for item in items]
-        valid = [p for p in parsed if isinstance(p, Event)]
+        parsed: list[tuple[Event, dict[str, Any]] | Receipt] = [self._parse(i) for i in items]
+        valid = [p for p in parsed if not isinstance(p, Receipt)]
         if not valid:
             return [p for p in parsed if isinstance(p, Receipt)]
         try:
@@ -107,30 +107,29 @@ class Ledger:
         return [p if isinstance(p, Receipt) else next(answers) for p in parsed]
 
     @staticmethod
-    def _parse(item: Submission) -> Event | Receipt:
-        if isinstance(item, Event):
-            return item
+    def _parse(item: Submission) -> tuple[Event, dict[str, Any]] | Receipt:
         try:
-            return events.parse(item)
+            return events.received(item)
         except InvalidEvent as error:
             return Receipt("invalid", error=str(error))
 
-    def _decide(self, cursor: Any, batch: list[Event]) -> list[Receipt]:
+    def _decide(self, cursor: Any, batch: list[tuple[Event, dict[str, Any]]]) -> list[Receipt]:
         head = self.store.head(cursor)
         self.source.cursor = cursor
         if head != self._head:
             self.cluster.forget()  # another process wrote since we last did
-        known = self.store.known_ids(cursor, [e.id for e in batch if e.id is not None])
+        known = self.store.known_ids(cursor, [e.id for e, _ in batch if e.id is not None])
         moment = now()
         recorded_at = events.timestamp(moment)
         receipts: list[Receipt] = []
         kept = []
         new_ids = []
-        for event in batch:
+        for event, data in batch:
             if event.id is not None and event.id in known:
                 receipts.append(Receipt("duplicate", known[event.id]))
                 continue
-            record = self._record(event, head + 1, moment, recorded_at)
+            data["at"] = recorded_at if event.at is None else events.timestamp(event.at)
+            record = self._record(event, data, head + 1, recorded_at)
             if isinstance(record, Receipt):
                 receipts.append(record)
                 continue
@@ -152,9 +151,8 @@ class Ledger:
         return receipts
 
     def _record(
-        self, event: Event, position: int, moment: datetime, recorded_at: str
+        self, event: Event, data: dict[str, Any], position: int, recorded_at: str
     ) -> Record | Receipt:
-        data = events.canonical(event, moment)
         fact = Fact(position, data["at"])
         try:
             touches = self.cluster.apply(event, fact)

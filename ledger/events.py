@@ -7,6 +7,8 @@ Every event is validated strictly: unknown fields, wrong types and unknown
 from __future__ import annotations
 
 import json
+
+import orjson
 from types import SimpleNamespace
 from datetime import UTC, datetime, timedelta
 from typing import Annotated, Any, Literal, Union
@@ -200,16 +202,33 @@ def describe(error: ValidationError) -> str:
 
 def parse(data: str | bytes | dict[str, Any]) -> Event:
     """Validate one event from a JSON text or a dict; raise InvalidEvent."""
-    try:
+    return received(data)[0]
+
+
+def received(data: str | bytes | dict[str, Any] | Event) -> tuple[Event, dict[str, Any]]:
+    """Validate one event; return it with the fields it will be kept with
+    (as given, defaults filled, no top-level nulls, ``at`` still to be set)."""
+    if isinstance(data, Event):
+        fields = data.model_dump(mode="json")
+    else:
         if isinstance(data, dict):
-            return _adapter.validate_python(data)
-        return _adapter.validate_json(data)
-    except ValidationError as error:
-        if error.error_count() == 1 and error.errors()[0]["type"] == "json_invalid":
-            raise InvalidEvent(f"not valid JSON: {error.errors()[0]['ctx']['error']}") from None
-        raise InvalidEvent(describe(error)) from None
-    except (ValueError, RecursionError) as error:  # pragma: no cover - defensive
-        raise InvalidEvent(f"not a valid event: {error}") from None
+            try:
+                # Through JSON, so a dict means what the same JSON line would mean.
+                data = orjson.dumps(data)
+            except TypeError as error:
+                raise InvalidEvent(f"not an event: {error}") from None
+        try:
+            event = _adapter.validate_json(data)
+        except ValidationError as error:
+            if error.error_count() == 1 and error.errors()[0]["type"] == "json_invalid":
+                raise InvalidEvent(f"not valid JSON: {error.errors()[0]['ctx']['error']}") from None
+            raise InvalidEvent(describe(error)) from None
+        except (ValueError, RecursionError) as error:  # pragma: no cover - defensive
+            raise InvalidEvent(f"not a valid event: {error}") from None
+        fields = orjson.loads(data)  # valid JSON: validation just read it
+        data = event
+    kept = _KEPT_DEFAULTS[fields["type"]] | {k: v for k, v in fields.items() if v is not None}
+    return data, kept
 
 
 def field_types(event_type: str) -> dict[str, Any]:
@@ -244,7 +263,7 @@ def _is_text(annotation: Any) -> bool:
 
 def canonical(event: Event, at: datetime) -> dict[str, Any]:
     """The event as it is kept: defaults filled, ``at`` set, no nulls."""
-    data = {k: v for k, v in event.model_dump(mode="json").items() if v is not None}
+    data = received(event)[1]
     data["at"] = timestamp(at if event.at is None else event.at)
     return data
 
@@ -259,6 +278,14 @@ def timestamp(moment: datetime) -> str:
 _ZERO = timedelta(0)
 
 
+_KEPT_DEFAULTS: dict[str, dict[str, Any]] = {
+    name: {
+        f: info.default
+        for f, info in model.model_fields.items()
+        if not info.is_required() and info.default is not None
+    }
+    for name, model in EVENT_TYPES.items()
+}
 _DEFAULTS: dict[str, dict[str, Any]] = {
     name: {f: info.default for f, info in model.model_fields.items() if not info.is_required()}
     for name, model in EVENT_TYPES.items()

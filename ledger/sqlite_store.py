@@ -34,8 +34,9 @@ APPEND_ONLY = [
     """CREATE TRIGGER IF NOT EXISTS stored_events_append_only_delete
        BEFORE DELETE ON stored_events
        BEGIN SELECT RAISE(ABORT, 'the event log is append-only'); END""",
-    "CREATE TABLE IF NOT EXISTS event_ids (id TEXT PRIMARY KEY, position BIGINT NOT NULL)",
-    "CREATE TABLE IF NOT EXISTS event_hashes (position BIGINT PRIMARY KEY, hash TEXT NOT NULL)",
+    """CREATE TABLE IF NOT EXISTS event_ids (id TEXT PRIMARY KEY, position INTEGER NOT NULL)
+       WITHOUT ROWID""",
+    "CREATE TABLE IF NOT EXISTS event_hashes (position INTEGER PRIMARY KEY, hash TEXT NOT NULL)",
     """CREATE TRIGGER IF NOT EXISTS event_hashes_append_only_update
        BEFORE UPDATE ON event_hashes
        BEGIN SELECT RAISE(ABORT, 'the event log is append-only'); END""",

@@ -120,6 +120,8 @@ def view_exists_check(dialect: str, name: str) -> str:
 def create(cursor: object, dialect: str, prefix: str = "") -> None:
     """Create the tables and (once) the views."""
     for statement in create_statements(prefix):
+        if dialect == "sqlite":  # there, only INTEGER PRIMARY KEY is the row id itself
+            statement = statement.replace("BIGINT PRIMARY KEY", "INTEGER PRIMARY KEY")
         if statement.startswith("CREATE VIEW"):
             name = statement.split()[2]
             cursor.execute(view_exists_check(dialect, name))  # type: ignore[attr-defined]

@@ -135,7 +135,7 @@ INVALID = [
     pytest.param({"type": "health-checked", "node": "n1", "passed": "yes"},
                  "field 'passed': Input should be a valid boolean", id="wrong-type-bool"),
     pytest.param({"type": "alloc-placed", "alloc": "a2", "node": "n1", "addresses": "10.0.0.9"},
-                 "field 'addresses': Input should be a valid list", id="wrong-type-list"),
+                 "field 'addresses': Input should be a valid array", id="wrong-type-list"),
     pytest.param({"type": "alloc-placed", "alloc": "a2"}, "missing field 'node'",
                  id="missing-field"),
     pytest.param({"type": "alloc-updated", "alloc": "a1", "client_status": "lost"},

@@ -1,0 +1,312 @@
+"""The audit report: everything unusual in a range of history.
+
+History is replayed from the start (the state before the range matters) into
+an in-memory cluster; after each event the changes it made are read, and the
+report keeps what happened inside the range:
+
+* ``rejections``: refused events and why;
+* ``reconnects``: each time an allocation was ``unknown`` (its node
+  disconnected), until it reconnected or was lost, and for how long;
+* ``zombie_slots``: each time a node reported a slot as held although history
+  said otherwise, when it appeared and when it cleared (the reasons of the
+  ``zombie_slots`` view);
+* ``releasing_addresses``: addresses still held after a stop or remove
+  request, until their allocation shut down;
+* ``suspects``: nodes marked suspect, and when they were cleared;
+* ``downs``: nodes going down or removed, with the child nodes and the
+  allocations they took with them (cascades).
+
+Episodes (reconnects, zombies, holds, suspects) are reported when they
+overlap the range; one still going at the end of the range has no end and
+its duration runs to the range's last event (``ongoing``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+from ledger.domain import Changes, Cluster
+from ledger.model import Allocation
+from ledger.records import Record, decode, replay
+from ledger.store import Store
+from projections.replay import OutOfRange
+
+SECTIONS = (
+    "rejections", "reconnects", "zombie_slots", "releasing_addresses", "suspects", "downs",
+)
+COLUMNS: dict[str, tuple[str, ...]] = {
+    "rejections": ("position", "at", "type", "entity", "reason"),
+    "reconnects": (
+        "alloc", "node", "unknown_position", "unknown_at", "resolved_position", "resolved_at",
+        "outcome", "seconds", "max_disconnect", "past_deadline", "ongoing",
+    ),
+    "zombie_slots": (
+        "node", "slot", "alloc", "reason", "appeared_position", "appeared_at",
+        "cleared_position", "cleared_at", "seconds", "ongoing",
+    ),
+    "releasing_addresses": (
+        "address", "alloc", "node", "requested", "requested_position", "requested_at",
+        "released_position", "released_at", "outcome", "seconds", "ongoing",
+    ),
+    "suspects": (
+        "node", "reason", "suspect_position", "suspect_at", "cleared_position", "cleared_at",
+        "seconds", "ongoing",
+    ),
+    "downs": ("position", "at", "node", "status", "reason", "cascade", "lost_allocs"),
+}
+_TIME = "%Y-%m-%dT%H:%M:%S.%fZ"
+
+
+def seconds_between(start: str, end: str) -> float | None:
+    try:
+        delta = datetime.strptime(end, _TIME) - datetime.strptime(start, _TIME)
+    except ValueError:
+        return None
+    return round(delta.total_seconds(), 3)
+
+
+@dataclass(slots=True)
+class Episode:
+    """Something unusual that began at one event and may end at a later one."""
+
+    fields: dict[str, Any]
+    start: str  # name prefix of the start columns (``unknown``, ``appeared``, …)
+    end: str
+    position: int
+    at: str
+
+    def close(self, position: int, at: str, **more: Any) -> dict[str, Any]:
+        return self.fields | {
+            f"{self.start}_position": self.position,
+            f"{self.start}_at": self.at,
+            f"{self.end}_position": position,
+            f"{self.end}_at": at,
+            "seconds": seconds_between(self.at, at),
+            "ongoing": False,
+        } | more
+
+    def still_open(self, at: str) -> dict[str, Any]:
+        return self.close(0, at) | {
+            f"{self.end}_position": None, f"{self.end}_at": None, "ongoing": True,
+        }
+
+
+@dataclass
+class AuditReport:
+    start: int
+    end: int
+    head: int
+    sections: dict[str, list[dict[str, Any]]] = field(
+        default_factory=lambda: {name: [] for name in SECTIONS}
+    )
+
+    def as_dict(self) -> dict[str, Any]:
+        summary = {
+            "from": self.start,
+            "to": self.end,
+            "head": self.head,
+            "events": max(0, self.end - self.start + 1),
+        }
+        counts = {name: len(rows) for name, rows in self.sections.items()}
+        return summary | counts_named(counts) | self.sections
+
+
+def counts_named(counts: dict[str, int]) -> dict[str, int]:
+    return {f"{name}_count": n for name, n in counts.items()}
+
+
+class Auditor:
+    """Watches a replay event by event and writes down what is unusual."""
+
+    def __init__(self, start: int, end: int) -> None:
+        self.start, self.end = start, end
+        self.cluster = Cluster()
+        self.found: dict[str, list[dict[str, Any]]] = {name: [] for name in SECTIONS}
+        self.open: dict[str, dict[Any, Episode]] = {
+            name: {} for name in ("reconnects", "zombie_slots", "releasing_addresses", "suspects")
+        }
+        self.node_state: dict[str, tuple[str, str]] = {}
+        self.reports: dict[tuple[str, int], str] = {}  # slot -> reported alloc
+        self.reporting: dict[str, set[tuple[str, int]]] = {}  # alloc -> slots reporting it
+        self.last_at = ""
+
+    # -- the walk --------------------------------------------------------------
+
+    def see(self, record: Record) -> None:
+        replay(self.cluster, record)
+        changes = self.cluster.take_changes()
+        at, position = record.event["at"], record.position
+        self.last_at = at
+        if record.rejected:
+            self._note("rejections", position, {
+                "position": position, "at": at, "type": record.event.get("type"),
+                "entity": str(record.event.get("alloc") or record.event.get("node") or ""),
+                "reason": record.reason,
+            })
+        self._alloc_states(changes, position)
+        self._zombies(changes, position, at)
+        self._addresses(changes, position, at)
+        self._nodes(changes, record, position, at)
+
+    def finish(self) -> dict[str, list[dict[str, Any]]]:
+        for name, episodes in self.open.items():
+            self.found[name] += [e.still_open(self.last_at) for e in episodes.values()]
+            episodes.clear()
+        for name in self.open:
+            self.found[name].sort(key=_started)
+        for row in self.found["reconnects"]:
+            waited, limit = row["seconds"], row["max_disconnect"]
+            row["past_deadline"] = None if waited is None or limit is None else waited > limit
+        return {
+            name: [{column: row.get(column) for column in COLUMNS[name]} for row in rows]
+            for name, rows in self.found.items()
+        }
+
+    # -- sections ----------------------------------------------------------------
+
+    def _note(self, section: str, position: int, row: dict[str, Any]) -> None:
+        if position >= self.start:
+            self.found[section].append(row)
+
+    def _begin(self, section: str, key: Any, episode: Episode) -> None:
+        self.open[section][key] = episode
+
+    def _end(self, section: str, key: Any, position: int, at: str, **more: Any) -> None:
+        episode = self.open[section].pop(key, None)
+        if episode is not None and position >= self.start:
+            self.found[section].append(episode.close(position, at, **more))
+
+    def _alloc_states(self, changes: Changes, position: int) -> None:
+        for state in changes.alloc_states:
+            alloc = self.cluster.allocs.get(state.alloc)
+            if state.value == "unknown" and alloc is not None:
+                self._begin("reconnects", state.alloc, Episode(
+                    {"alloc": state.alloc, "node": alloc.node,
+                     "max_disconnect": alloc.max_disconnect},
+                    "unknown", "resolved", position, state.at,
+                ))
+                continue
+            self._end("reconnects", state.alloc, position, state.at, outcome=state.value)
+
+    def _zombies(self, changes: Changes, position: int, at: str) -> None:
+        affected: set[tuple[str, int]] = set()
+        for slot in changes.slots:
+            key = (slot.node, slot.slot)
+            before = self.reports.get(key)
+            if before != slot.reported_alloc:
+                if before is not None:
+                    self.reporting[before].discard(key)
+                    affected |= self.reporting[before]
+                if slot.reported_alloc is None:
+                    self.reports.pop(key, None)
+                else:
+                    self.reports[key] = slot.reported_alloc
+                    self.reporting.setdefault(slot.reported_alloc, set()).add(key)
+                    affected |= self.reporting[slot.reported_alloc]
+            affected.add(key)
+        for alloc in changes.allocs:
+            affected |= self.reporting.get(alloc.alloc, set())
+        for key in sorted(affected):
+            self._judge_slot(key, position, at)
+
+    def _judge_slot(self, key: tuple[str, int], position: int, at: str) -> None:
+        alloc_id = self.reports.get(key)
+        reason = None if alloc_id is None else self.zombie_reason(key, alloc_id)
+        current = self.open["zombie_slots"].get(key)
+        if current is not None and (
+            current.fields["alloc"], current.fields["reason"]) == (alloc_id, reason):
+            return
+        if current is not None:
+            self._end("zombie_slots", key, position, at)
+        if reason is not None:
+            self._begin("zombie_slots", key, Episode(
+                {"node": key[0], "slot": key[1], "alloc": alloc_id, "reason": reason},
+                "appeared", "cleared", position, at,
+            ))
+
+    def zombie_reason(self, key: tuple[str, int], alloc_id: str) -> str | None:
+        """Why a reported slot is a zombie; the reasons of the ``zombie_slots`` view."""
+        node, slot = key
+        alloc: Allocation | None = self.cluster.allocs.get(alloc_id)
+        if alloc is None:
+            return "unknown-alloc"
+        if alloc.removed or alloc.terminal:
+            return "released"
+        here = alloc.node == node and alloc.slot == slot
+        twice = sum(1 for n, _ in self.reporting.get(alloc_id, ()) if n == node) > 1
+        if twice and not here:
+            return "duplicate"
+        return None if here else "moved"
+
+    def _addresses(self, changes: Changes, position: int, at: str) -> None:
+        for hold in changes.held:
+            if hold.state != "releasing" or hold.address in self.open["releasing_addresses"]:
+                continue
+            alloc = self.cluster.allocs.get(hold.alloc)
+            self._begin("releasing_addresses", hold.address, Episode(
+                {"address": hold.address, "alloc": hold.alloc, "node": hold.node,
+                 "requested": None if alloc is None else alloc.desired_status},
+                "requested", "released", position, at,
+            ))
+        for address in changes.released:
+            episode = self.open["releasing_addresses"].get(address)
+            if episode is None:
+                continue
+            alloc = self.cluster.allocs.get(episode.fields["alloc"])
+            outcome = None if alloc is None else alloc.client_status
+            self._end("releasing_addresses", address, position, at, outcome=outcome)
+
+    def _nodes(self, changes: Changes, record: Record, position: int, at: str) -> None:
+        taken = []
+        for node in changes.nodes:
+            status, health = self.node_state.get(node.node, ("", "ok"))
+            self.node_state[node.node] = (node.status, node.health)
+            if node.health == "suspect" and health != "suspect":
+                self._begin("suspects", node.node, Episode(
+                    {"node": node.node, "reason": node.reason},
+                    "suspect", "cleared", position, at,
+                ))
+            elif node.health != "suspect" and health == "suspect":
+                self._end("suspects", node.node, position, at)
+            if node.status in ("down", "removed") and status != node.status:
+                taken.append(node)
+        if not taken:
+            return
+        root = str(record.event.get("node") or taken[0].node)
+        first = next((n for n in taken if n.node == root), taken[0])
+        lost = sorted({s.alloc for s in changes.alloc_states if s.value == "lost"})
+        self._note("downs", position, {
+            "position": position, "at": at, "node": first.node, "status": first.status,
+            "reason": first.reason,
+            "cascade": sorted(n.node for n in taken if n is not first),
+            "lost_allocs": lost,
+        })
+
+
+def _started(row: dict[str, Any]) -> tuple[int, str]:
+    for name in ("unknown", "appeared", "requested", "suspect"):
+        if f"{name}_position" in row:
+            return row[f"{name}_position"], str(row.get("alloc") or row.get("node") or "")
+    return 0, ""
+
+
+def audit(store: Store, start: int | None = None, end: int | None = None) -> AuditReport:
+    """Replay the log up to ``end`` and report what was unusual from ``start`` on."""
+    with store.reading() as cursor:
+        head = store.head(cursor)
+    first = 1 if start is None else start
+    last = head if end is None else end
+    if first < 1:
+        raise OutOfRange("--from must be a position of at least 1")
+    if last > head:
+        raise OutOfRange(f"--to {last} is beyond the head of the log ({head})")
+    if first > last and head > 0:
+        raise OutOfRange(f"--from {first} is after --to {last}")
+    auditor = Auditor(first, last)
+    for stored in store.read_log(0, last):
+        auditor.see(decode(stored))
+    report = AuditReport(first, last, head)
+    report.sections = auditor.finish()
+    return report

@@ -1,0 +1,296 @@
+"""Replay: rebuild every projection from the log and prove the tables.
+
+The log is replayed into scratch copies of the projection tables (a unique
+``replay_…_`` prefix, in the same database) by the same ``Projector`` that
+keeps the live tables, a chunk of events per transaction so memory stays
+bounded and writers are not held up for long. The scratch tables are then
+compared row by row, with SQL, against
+
+* the live tables, at the position they have read up to (the comparison
+  runs in one transaction with the final catch-up, so the live tables
+  cannot move under it), and, where writers decide against tables of their
+  own (PostgreSQL's ``state_…``), those at the head of the log; or
+* with ``to``, the as-of state (``asof.rebuild``, the in-memory replay that
+  answers ``--as-of`` queries), written to a second scratch prefix.
+
+Every difference is named by table, key and column. The live tables are
+only ever read; the scratch tables are dropped afterwards.
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any, cast
+
+from eventsourcing.persistence import StoredEvent
+
+from ledger.errors import LedgerError
+from ledger.store import Store
+from projections import tables
+from projections.asof import AsOf, rebuild
+from projections.projector import Projector
+from projections.rows import Statements, write_changes
+
+CHUNK = 20_000  # events replayed per transaction
+
+# The key of each compared relation, in its column order.
+KEYS: dict[str, tuple[str, ...]] = {
+    "nodes": ("node",),
+    "slots": ("node", "slot"),
+    "allocations": ("alloc",),
+    "alloc_states": ("alloc", "position"),
+    "addresses": ("address",),
+    "rejections": ("position",),
+    "needs_reconnect": ("alloc",),
+    "zombie_slots": ("node", "slot"),
+}
+# What writers decide against: everything but the logs kept for reporting.
+DECISIONS = ("nodes", "slots", "allocations", "addresses", "needs_reconnect", "zombie_slots")
+
+
+class OutOfRange(LedgerError):
+    """A position given for a range of history that the log does not hold."""
+
+
+@dataclass(frozen=True, slots=True)
+class Difference:
+    """One way the compared tables disagree with the replay."""
+
+    table: str
+    key: str
+    problem: str  # missing | unexpected | differs
+    column: str | None
+    expected: Any  # what the replay computed
+    found: Any  # what the compared tables hold
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "table": self.table,
+            "key": self.key,
+            "problem": self.problem,
+            "column": self.column,
+            "expected": self.expected,
+            "found": self.found,
+        }
+
+
+@dataclass(slots=True)
+class ReplayReport:
+    position: int  # replayed up to here
+    head: int  # the log's head when compared
+    compared_with: str
+    events: int = 0
+    seconds: float = 0.0
+    differences: list[Difference] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not self.differences
+
+    @property
+    def events_per_second(self) -> float:
+        return round(self.events / self.seconds, 1) if self.seconds > 0 else 0.0
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "ok": self.ok,
+            "position": self.position,
+            "head": self.head,
+            "compared_with": self.compared_with,
+            "events": self.events,
+            "seconds": round(self.seconds, 3),
+            "events_per_second": self.events_per_second,
+            "differences": [d.as_dict() for d in self.differences],
+        }
+
+
+class ScratchLog:
+    """The store seen by a projector of scratch tables: the same log, but a
+    reading position of its own (the live tracking position is never read
+    nor written)."""
+
+    def __init__(self, store: Store) -> None:
+        self.store = store
+        self.param = store.param
+        self.position = 0
+
+    def head(self, cursor: Any) -> int:
+        return self.store.head(cursor)
+
+    def tracked(self, cursor: Any) -> int:
+        return self.position
+
+    def track(self, cursor: Any, position: int) -> None:
+        self.position = position
+
+    def read_log(self, after: int, upto: int | None = None) -> Iterator[StoredEvent]:
+        return self.store.read_log(after, upto)
+
+
+class Scratch:
+    """Scratch projection tables replayed from the log, a chunk at a time."""
+
+    def __init__(self, store: Store, prefix: str) -> None:
+        self.store = store
+        self.prefix = prefix
+        self.log = ScratchLog(store)
+        self.projector = Projector(cast(Store, self.log), prefix)
+        self.seconds = 0.0
+
+    @property
+    def position(self) -> int:
+        return self.log.position
+
+    def create(self) -> None:
+        with self.store.projecting() as cursor:
+            tables.create(cursor, self.store.dialect, self.prefix)
+
+    def catch_up(self, cursor: Any, target: int) -> None:
+        """Replay (in the caller's transaction) up to ``target``."""
+        started = time.perf_counter()
+        self.projector.catch_up(cursor, head=target)
+        self.seconds += time.perf_counter() - started
+
+    def replay_to(self, target: int) -> None:
+        """Replay up to ``target``, one transaction per chunk."""
+        while self.position < target:
+            with self.store.projecting() as cursor:
+                started = time.perf_counter()
+                self.projector.catch_up(cursor, head=target, limit=CHUNK)
+                self.seconds += time.perf_counter() - started
+
+
+def replay(store: Store, to: int | None = None) -> ReplayReport:
+    """Rebuild every projection from the log into scratch tables and compare
+    them with the live tables (or, with ``to``, with the as-of state there)."""
+    with store.reading() as cursor:
+        head = store.head(cursor)
+        live = store.tracked(cursor)
+    if to is not None and to > head:
+        raise OutOfRange(f"position {to} is beyond the head of the log ({head})")
+    prefix = f"replay_{secrets.token_hex(4)}_"
+    scratch = Scratch(store, prefix)
+    try:
+        scratch.create()
+        if to is None:
+            return _against_live(store, scratch, live)
+        return _against_as_of(store, scratch, to, head)
+    finally:
+        with store.projecting() as cursor:
+            tables.drop(cursor, prefix)
+            tables.drop(cursor, prefix + "asof_")
+
+
+def _against_live(store: Store, scratch: Scratch, live: int) -> ReplayReport:
+    scratch.replay_to(live)
+    with store.projecting() as cursor:
+        live = store.tracked(cursor)  # the live tables may have moved on meanwhile
+        scratch.catch_up(cursor, live)
+        report = ReplayReport(live, store.head(cursor), f"the live tables at position {live}")
+        report.differences = compare(cursor, expected=scratch.prefix, found="")
+    if store.state_prefix:
+        _against_decisions(store, scratch, report)
+    report.events, report.seconds = scratch.position, scratch.seconds
+    return report
+
+
+def _against_decisions(store: Store, scratch: Scratch, report: ReplayReport) -> None:
+    """Where writers decide against tables of their own (``state_…``), those
+    must hold the replayed state at the head: compared while no writer runs."""
+    with store.reading() as cursor:
+        head = store.head(cursor)
+    scratch.replay_to(head)
+    with store.writing() as cursor:
+        head = store.head(cursor)
+        scratch.catch_up(cursor, head)
+        report.head = head
+        report.compared_with += f" and the decision tables at position {head}"
+        report.differences += compare(
+            cursor, expected=scratch.prefix, found=store.state_prefix, relations=DECISIONS
+        )
+
+
+def _against_as_of(store: Store, scratch: Scratch, to: int, head: int) -> ReplayReport:
+    scratch.replay_to(to)
+    cluster, _ = rebuild(store, AsOf(position=to))
+    as_of = scratch.prefix + "asof_"
+    with store.projecting() as cursor:
+        tables.create(cursor, store.dialect, as_of)
+        write_changes(cursor, Statements(store.param, as_of), cluster.everything())
+        report = ReplayReport(to, head, f"the as-of state at position {to}")
+        report.differences = compare(cursor, expected=scratch.prefix, found=as_of, label="")
+    report.events, report.seconds = scratch.position, scratch.seconds
+    return report
+
+
+def compare(
+    cursor: Any, expected: str, found: str, relations: tuple[str, ...] = tuple(KEYS),
+    label: str | None = None,
+) -> list[Difference]:
+    """Every difference between two sets of projection tables, by key; each is
+    named by ``label`` (default: ``found``) and the table."""
+    differences: list[Difference] = []
+    for relation in relations:
+        cursor.execute(f"SELECT * FROM {found}{relation} WHERE 1 = 0")
+        columns = [d[0] for d in cursor.description]
+        differences += _compare_relation(
+            cursor, relation, KEYS[relation], columns, expected, found,
+            (found if label is None else label) + relation,
+        )
+    return differences
+
+
+def _compare_relation(
+    cursor: Any, relation: str, key: tuple[str, ...], columns: list[str],
+    expected: str, found: str, table: str,
+) -> list[Difference]:
+    listed = ", ".join(columns)
+    at = [columns.index(k) for k in key]
+
+    def only_in(left: str, right: str) -> dict[tuple[Any, ...], tuple[Any, ...]]:
+        cursor.execute(
+            f"SELECT {listed} FROM {left}{relation} EXCEPT SELECT {listed} FROM {right}{relation}"
+        )
+        return {tuple(row[i] for i in at): tuple(row) for row in cursor.fetchall()}
+
+    wanted, held = only_in(expected, found), only_in(found, expected)
+    differences = []
+    for ident in sorted(set(wanted) | set(held), key=_sortable):
+        name = _key_text(relation, ident)
+        mine, theirs = wanted.get(ident), held.get(ident)
+        if theirs is None:
+            differences.append(
+                Difference(table, name, "missing", None, _row(columns, mine), None)
+            )
+        elif mine is None:
+            differences.append(
+                Difference(table, name, "unexpected", None, None, _row(columns, theirs))
+            )
+        else:
+            differences += [
+                Difference(table, name, "differs", column, a, b)
+                for column, a, b in zip(columns, mine, theirs, strict=True)
+                if a != b
+            ]
+    return differences
+
+
+def _row(columns: list[str], values: tuple[Any, ...] | None) -> dict[str, Any] | None:
+    return None if values is None else dict(zip(columns, values, strict=True))
+
+
+def _sortable(ident: tuple[Any, ...]) -> tuple[tuple[int, Any], ...]:
+    """Keys in their natural order, whatever the mix of numbers and text."""
+    return tuple((0, v) if isinstance(v, int) else (1, json.dumps(v)) for v in ident)
+
+
+def _key_text(relation: str, ident: tuple[Any, ...]) -> str:
+    if relation in ("slots", "zombie_slots"):
+        return f"{ident[0]}#{ident[1]}"
+    if relation == "alloc_states":
+        return f"{ident[0]}@{ident[1]}"
+    return str(ident[0])
