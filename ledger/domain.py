@@ -11,8 +11,8 @@ an event costs the same whatever the length of history.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
-from typing import Protocol
+from dataclasses import astuple, dataclass, field
+from typing import Any, Protocol
 
 from ledger import errors
 from ledger.errors import RuleViolation
@@ -33,6 +33,7 @@ from ledger.events import (
 )
 from ledger.model import (
     DESIRED_ORDER,
+    LIVE,
     AddressHold,
     Allocation,
     AllocState,
@@ -615,6 +616,49 @@ class Cluster:
             alloc_states=list(self._alloc_states),
             rejections=list(self._rejections),
         )
+
+
+class Snapshot:
+    """A cluster's whole state as plain tuples (for checkpoints), and back."""
+
+    @staticmethod
+    def of(cluster: Cluster) -> dict[str, list[tuple[object, ...]]]:
+        everything = cluster.everything()
+        return {
+            "nodes": [astuple(n) for n in everything.nodes],
+            "slots": [astuple(s) for s in everything.slots],
+            "allocs": [astuple(a) for a in everything.allocs],
+            "held": [astuple(h) for h in everything.held],
+            "alloc_states": [astuple(s) for s in everything.alloc_states],
+            "rejections": [astuple(r) for r in everything.rejections],
+        }
+
+    @staticmethod
+    def restore(state: dict[str, list[list[Any]]]) -> Cluster:
+        cluster = Cluster()
+        for values in state["nodes"]:
+            node = Node(*values)
+            cluster.nodes[node.node] = node
+            cluster.slot_tables[node.node] = []
+            cluster.live[node.node] = set()
+            cluster.children[node.node] = set()
+        for values in state["nodes"]:
+            if values[2] is not None:  # parent
+                cluster.children[values[2]].add(values[0])
+        for values in state["slots"]:
+            slot = Slot(*values)
+            cluster.slot_tables[slot.node].append(slot)
+        for values in state["allocs"]:
+            alloc = Allocation(*values)
+            cluster.allocs[alloc.alloc] = alloc
+            if alloc.client_status in LIVE:
+                cluster.live[alloc.node].add(alloc.alloc)
+        for values in state["held"]:
+            hold = AddressHold(*values)
+            cluster.addresses[hold.address] = hold
+        cluster._alloc_states = [AllocState(*values) for values in state["alloc_states"]]
+        cluster._rejections = [Rejection(*values) for values in state["rejections"]]
+        return cluster
 
 
 def touched_by(event: dict[str, object]) -> Iterable[str]:

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
 TERMINAL = frozenset({"complete", "failed", "lost"})
+LIVE = frozenset({"pending", "running", "unknown"})
 DESIRED_ORDER = {"run": 0, "stop": 1, "remove": 2}
 
 

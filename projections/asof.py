@@ -13,7 +13,7 @@ from ledger.errors import LedgerError
 from ledger.events import timestamp
 from ledger.records import decode, replay
 from ledger.store import Store
-from projections import tables
+from projections import checkpoints, tables
 from projections.rows import Statements, write_changes
 
 
@@ -39,18 +39,26 @@ class AsOf:
         return cls(at=timestamp(moment))
 
 
-def rebuild(store: Store, point: AsOf | None = None) -> tuple[Cluster, int]:
-    """Replay the log into a fresh in-memory cluster up to a point."""
-    cluster = Cluster()
-    position = 0
+def rebuild(
+    store: Store, point: AsOf | None = None, every: int = checkpoints.EVERY
+) -> tuple[Cluster, int]:
+    """Replay the log into an in-memory cluster up to a point, starting from
+    the nearest checkpoint and keeping new ones every ``every`` positions
+    (``every=0``: from scratch, no checkpoints read or kept)."""
     upto = point.position if point is not None else None
     until = point.at if point is not None else None
-    for stored in store.read_log(0, upto):
+    start = checkpoints.nearest(store, upto, until) if every else None
+    cluster, position, max_at = start if start is not None else (Cluster(), 0, "")
+    for stored in store.read_log(position, upto):
         record = decode(stored)
-        if until is not None and record.event["at"] > until:
+        at = record.event["at"]
+        if until is not None and at > until:
             break
         replay(cluster, record)
         position = record.position
+        max_at = max(max_at, at)
+        if every and position % every == 0:
+            checkpoints.keep(store, cluster, position, max_at)
     return cluster, position
 
 
