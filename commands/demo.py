@@ -74,12 +74,14 @@ def show_step(step: Step, receipt: Receipt) -> bool:
     return False
 
 
-def show_answer(store: Store, ask: Ask, head: int) -> None:
-    click.echo(f"\n  $ alloc-ledger query {' '.join(ask.args())} --as-of {head}")
+def show_answer(ledger: Ledger, ask: Ask) -> None:
+    """Print a question as the query command that asks it of this point of
+    history, then its answer from the live tables."""
+    click.echo(f"\n  $ alloc-ledger query {' '.join(ask.args())} --as-of {head_of(ledger)}")
     click.echo(f"  # {ask.says}")
-    found = answer(store, ask)
+    found = answer(ledger.store, ask)
     if isinstance(found, dict):
-        emit_object({k: v for k, v in found.items() if k not in ("history",)}, "table")
+        emit_object(found, "table")
     else:
         emit(found, columns(ask.query), "table")
 
@@ -92,17 +94,15 @@ def tell(ledger: Ledger, story: Story, number: int) -> int:
     click.echo(story.narration)
     click.echo()
     astray = 0
-    head = 0
     answered = False
     for item in story.items:
         if isinstance(item, Step):
             if answered:
                 click.echo()
             receipt = ledger.submit(json.dumps(item.event))  # as a JSON Lines producer sends it
-            head = receipt.position or head
             astray += not show_step(item, receipt)
         else:
-            show_answer(ledger.store, item, head)
+            show_answer(ledger, item)
         answered = isinstance(item, Ask)
     click.echo()
     return astray
@@ -151,21 +151,13 @@ def demo(ctx: click.Context, store: str | None) -> None:
     """
     url = given_store(ctx, store)
     with demo_store(url) as target, Ledger.open(target) as ledger:
-        with ledger.store.reading() as cursor:
-            held = ledger.store.head(cursor)
-        if held:
-            raise click.ClickException(
-                f"store {target} already holds {held} events; the demo needs an empty store "
-                "(omit --store for a temporary one)"
-            )
+        check_empty(ledger, target)
         where = "a temporary file" if url is None else target
         click.echo(f"alloc-ledger demo: four bug reports replayed as events (store: {where})\n")
         astray = sum(tell(ledger, story, n) for n, story in enumerate(STORIES, 1))
-        with ledger.store.reading() as cursor:
-            head = ledger.store.head(cursor)
         click.echo("== After the stories ==")
         for ask in EPILOGUE:
-            show_answer(ledger.store, ask, head)
+            show_answer(ledger, ask)
     click.echo()
     if url is not None:
         click.echo(f"The store is kept: alloc-ledger --store {url} query nodes")
@@ -173,6 +165,22 @@ def demo(ctx: click.Context, store: str | None) -> None:
         click.echo("Run with --store sqlite:///demo.db to keep the store and query it.")
     if astray:
         raise click.ClickException(f"{astray} events did not go as the stories say")
+
+
+def head_of(ledger: Ledger) -> int:
+    with ledger.store.reading() as cursor:
+        return ledger.store.head(cursor)
+
+
+def check_empty(ledger: Ledger, url: str) -> None:
+    """The stories need a fresh log: their positions and rules assume it."""
+    held = head_of(ledger)
+    if held:
+        events = "1 event" if held == 1 else f"{held} events"
+        raise click.ClickException(
+            f"store {url} already holds {events}; the demo needs an empty store "
+            "(omit --store for a temporary one)"
+        )
 
 
 COMMANDS = [demo]

@@ -10,7 +10,7 @@ from typing import Any
 import click
 
 from commands.cli import store_of
-from commands.output import emit, emit_object, format_option
+from commands.output import chosen, emit, emit_object, format_option
 from ledger.application import Ledger
 from ledger.errors import LedgerError
 from ledger.events import timestamp
@@ -27,12 +27,25 @@ def query() -> None:
 
 def query_options(command: Callable[..., Any]) -> Callable[..., Any]:
     command = format_option(command)
+    command = click.option(
+        "--wait",
+        is_flag=True,
+        expose_value=False,
+        callback=_remember,
+        help="Bring the projection tables up to date with the log before answering "
+        "(PostgreSQL; on SQLite they are always up to date).",
+    )(command)
     return click.option(
         "--as-of",
         "as_of",
         metavar="POSITION|TIMESTAMP",
         help="Answer from history as it was right after a position, or at an RFC 3339 time.",
     )(command)
+
+
+def _remember(ctx: click.Context, param: click.Parameter, value: Any) -> Any:
+    ctx.meta[f"query.{param.name}"] = value
+    return value
 
 
 def _point(as_of: str | None) -> AsOf | None:
@@ -46,7 +59,12 @@ def _point(as_of: str | None) -> AsOf | None:
 
 @contextmanager
 def answering(ctx: click.Context, as_of: str | None) -> Iterator[tuple[Queries, int | None]]:
-    """Queries over the live tables (brought up to date), or over history replayed."""
+    """Queries over the live tables, or over history replayed.
+
+    On SQLite the tables are always up to date. On PostgreSQL they are as far
+    as ``project --follow`` (or inline projection) has brought them: ``--wait``
+    catches them up first, and a table on a terminal is preceded by
+    ``lag: N positions behind the log`` on stderr when they are behind."""
     point = _point(as_of)
     store = open_store(store_of(ctx))
     try:
@@ -54,8 +72,12 @@ def answering(ctx: click.Context, as_of: str | None) -> Iterator[tuple[Queries, 
             connection, position = state_at(store, point)
             yield Queries(connection.cursor()), position
             return
-        Ledger(store).project()
+        if ctx.meta.get("query.wait") or store.state_prefix == "":
+            Ledger(store).project()
         with store.reading() as cursor:
+            lag = store.head(cursor) - store.tracked(cursor)
+            if lag > 0 and chosen(ctx.params.get("fmt")) == "table":
+                click.echo(f"lag: {lag} positions behind the log", err=True)
             yield Queries(cursor, store.param), None
     finally:
         store.close()
@@ -82,9 +104,12 @@ def needs_reconnect(ctx: click.Context, as_of: str | None, fmt: str | None, now:
 def _parse_now(now: str | None) -> str:
     if now is None:
         return timestamp(datetime.now(UTC))
-    point = _point(now)
+    try:
+        point = AsOf.parse(now)
+    except LedgerError:
+        point = None
     if point is None or point.at is None:
-        raise click.BadParameter("give an RFC 3339 time", param_hint="--now")
+        raise click.BadParameter(f"{now!r} is not an RFC 3339 time", param_hint="--now")
     return point.at
 
 

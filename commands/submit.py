@@ -123,7 +123,7 @@ def _stream(
 ) -> Iterator[list[tuple[int, Receipt]]]:
     """Commit what has arrived in batches: large when input is waiting, small
     (down to one event) when a producer sends slowly and waits for answers."""
-    if stat.S_ISREG(os.fstat(stream.fileno()).st_mode):
+    if _is_file(stream):
         numbered = _lines(stream)  # a file never makes us wait: full batches
         while pending := list(itertools.islice(numbered, batch)):
             yield _decide(ledger, pending)
@@ -151,6 +151,13 @@ def _stream(
             pending.pop()
             finished = True
         yield _decide(ledger, pending)
+
+
+def _is_file(stream: IO[bytes]) -> bool:
+    try:
+        return stat.S_ISREG(os.fstat(stream.fileno()).st_mode)
+    except (OSError, ValueError, AttributeError):  # io.UnsupportedOperation is an OSError
+        return False
 
 
 def _decide(ledger: Ledger, pending: list[tuple[int, Any]]) -> list[tuple[int, Receipt]]:

@@ -41,10 +41,7 @@ class Receipt:
         return self.status in ("appended", "duplicate")
 
     def as_dict(self) -> dict[str, Any]:
-        result: dict[str, Any] = {"status": self.status, "position": self.position}
-        if self.error is not None:
-            result["error"] = self.error
-        return result
+        return {"status": self.status, "position": self.position, "error": self.error}
 
 
 def now() -> datetime:
@@ -160,7 +157,8 @@ class Ledger:
             return Receipt("duplicate", same.position)
         except RuleViolation as violation:
             self.cluster.reject(data, str(violation), fact)
-            return Record(position, REJECTED, data, recorded_at, [], str(violation))
+            related = self._effects(data, self.cluster.related(data))
+            return Record(position, REJECTED, data, recorded_at, related, str(violation))
         own = (data.get("node"), data.get("alloc"))
         effects = [] if all(t in own for t in touches) else self._effects(data, touches)
         return Record(position, event.type, data, recorded_at, effects)  # type: ignore[attr-defined]

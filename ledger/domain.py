@@ -151,6 +151,27 @@ class Cluster:
         kind = str(event.get("type"))
         self._rejections.append(Rejection(fact.position, kind, entity, reason, event, fact.at))
 
+    def related(self, event: dict[str, Any]) -> list[str]:
+        """Entities a refused event concerns beyond those it names: the node and
+        slot of its allocation, the holders of the slot and addresses it asks for."""
+        found: list[str] = []
+        alloc = self.alloc(event["alloc"]) if isinstance(event.get("alloc"), str) else None
+        if alloc is not None:
+            found.append(alloc.node)
+            if alloc.slot is not None:
+                found.append(f"{alloc.node}#{alloc.slot}")
+        node = event.get("node")
+        slot = event.get("slot")
+        if isinstance(node, str) and isinstance(slot, int) and self.node(node) is not None:
+            table = self.slot_table(node)
+            if slot < len(table) and table[slot].alloc is not None:
+                found.append(str(table[slot].alloc))
+        for address in event.get("addresses") or ():
+            hold = self.address(address)
+            if hold is not None:
+                found.append(hold.alloc)
+        return found
+
     # -- loading -------------------------------------------------------------
 
     def node(self, name: str) -> Node | None:

@@ -1,0 +1,744 @@
+"""The command line as a user runs it: ``CliRunner().invoke(cli, [...])``,
+the exit code (with the output as the failure message), then the exact output.
+
+Every test names its store with ``--store`` (never the working directory).
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import os
+import sqlite3
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import click
+import pytest
+from click.testing import CliRunner, Result
+
+from commands.cli import cli
+from commands.stories import all_events
+from ledger.application import Ledger
+from ledger.events import EVENT_TYPES
+from projections.queries import COLUMNS
+
+FORMATS = ("table", "json", "jsonl", "csv")
+
+
+def invoke(args: list[str], code: int = 0, input: str | bytes | None = None, **kw: Any) -> Result:
+    """Run the CLI; check the exit code, and that nothing ever shows a traceback."""
+    result = CliRunner().invoke(cli, args, input=input, prog_name="alloc-ledger", **kw)
+    assert result.exit_code == code, result.output
+    assert "Traceback" not in result.output
+    assert result.exception is None or isinstance(result.exception, SystemExit), result.exc_info
+    return result
+
+
+def lines(*events: dict[str, Any]) -> str:
+    return "".join(json.dumps(e) + "\n" for e in events)
+
+
+def result_line(line: int, status: str, position: int | None, error: str | None = None) -> str:
+    found: dict[str, Any] = {"line": line, "status": status, "position": position, "error": error}
+    return json.dumps(found) + "\n"
+
+
+@pytest.fixture
+def url(tmp_path: Path) -> str:
+    return f"sqlite:///{tmp_path}/ledger.db"
+
+
+def store(url: str, *args: str) -> list[str]:
+    return ["--store", url, *args]
+
+
+# A small story with fixed times: n1 runs a1 (slot 0, two addresses, 60 s), then disconnects.
+SMALL = [
+    {"type": "node-registered", "node": "n1", "slots": 2, "at": "2026-01-01T00:00:00Z"},
+    {"type": "heartbeat", "node": "n1", "at": "2026-01-01T00:00:10Z"},
+    {"type": "alloc-placed", "alloc": "a1", "node": "n1", "job": "web", "slot": 0,
+     "addresses": ["10.0.0.5", "10.0.0.6"], "max_disconnect": 60, "at": "2026-01-01T00:00:20Z"},
+    {"type": "alloc-updated", "alloc": "a1", "client_status": "running",
+     "at": "2026-01-01T00:00:30Z"},
+    {"type": "heartbeat-missed", "node": "n1", "at": "2026-01-01T00:01:00Z"},
+]
+
+
+@pytest.fixture
+def small(tmp_path: Path, url: str) -> str:
+    source = tmp_path / "small.jsonl"
+    source.write_text(lines(*SMALL))
+    invoke(store(url, "submit", str(source), "--quiet"))
+    return url
+
+
+@pytest.fixture(scope="module")
+def stories(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """A store holding the demo's four stories (49 events, 10 of them rejected)."""
+    folder = tmp_path_factory.mktemp("stories")
+    source = folder / "stories.jsonl"
+    source.write_text(lines(*all_events()))
+    url = f"sqlite:///{folder}/stories.db"
+    result = invoke(store(url, "submit", str(source), "--quiet"), code=1)
+    assert result.stdout == '{"appended": 39, "duplicate": 0, "rejected": 10, "invalid": 0}\n'
+    return url
+
+
+# -- submit: one event from flags -------------------------------------------------
+
+def test_submit_one_event_from_flags(url):
+    result = invoke(store(url, "submit", "node-registered", "--node", "n1", "--slots", "2"))
+
+    assert result.stdout == result_line(1, "appended", 1)
+    assert result.stderr == ""
+    nodes = json.loads(invoke(store(url, "query", "nodes")).stdout)
+    assert [(n["node"], n["slots"], n["status"]) for n in nodes] == [("n1", 2, "initializing")]
+
+
+def test_submit_flags_read_numbers_and_lists_as_json_and_dashes_as_underscores(url):
+    invoke(store(url, "submit", "node-registered", "--node=n1", "--slots=2"))
+    invoke(store(url, "submit", "heartbeat", "--node", "n1"))
+
+    result = invoke(store(
+        url, "submit", "alloc-placed", "--alloc", "a1", "--node", "n1", "--slot", "1",
+        "--addresses", '["10.0.0.5"]', "--max-disconnect", "60", "--job", "42",
+    ))
+
+    assert result.stdout == result_line(1, "appended", 3)
+    a1 = json.loads(invoke(store(url, "query", "alloc", "a1")).stdout)
+    assert (a1["slot"], a1["addresses"], a1["max_disconnect"], a1["job"]) == (
+        1, ["10.0.0.5"], 60, "42"
+    )
+
+
+def test_submit_from_flags_takes_the_at_time(url):
+    result = invoke(store(
+        url, "submit", "node-registered", "--node", "n1", "--at", "2026-03-02T09:00:00Z"
+    ))
+    assert result.stdout == result_line(1, "appended", 1)
+    history = json.loads(invoke(store(url, "query", "history", "n1")).stdout)
+    assert history[0]["at"] == "2026-03-02T09:00:00.000000Z"
+
+
+def test_submit_a_rejected_event_exits_1_with_the_reason(url):
+    result = invoke(store(url, "submit", "heartbeat", "--node", "n1"), code=1)
+    assert result.stdout == result_line(1, "rejected", 1, "node n1 is not registered")
+    assert result.stderr == ""
+
+
+@pytest.mark.parametrize(
+    ("args", "error"),
+    [
+        (["heartbeat", "--node", "n1", "--bogus", "1"], "unknown field 'bogus'"),
+        (["heartbeat"], "missing field 'node'"),
+        (["node-registered", "--node", "n1", "--slots", "two"],
+         "field 'slots': Input should be a valid integer"),
+        (["health-checked", "--node", "n1", "--passed", "maybe"],
+         "field 'passed': Input should be a valid boolean"),
+    ],
+    ids=["unknown-field", "missing-field", "wrong-type", "not-a-bool"],
+)
+def test_submit_an_invalid_event_exits_1_and_appends_nothing(url, args, error):
+    result = invoke(store(url, "submit", *args), code=1)
+
+    assert result.stdout == result_line(1, "invalid", None, error)
+    assert json.loads(invoke(store(url, "query", "history", "n1")).stdout) == []
+
+
+def test_submit_the_same_id_twice_is_a_duplicate_and_exits_0(url):
+    first = invoke(store(url, "submit", "node-registered", "--node", "n1", "--id", "k1"))
+    again = invoke(store(url, "submit", "node-registered", "--node", "n1", "--id", "k1"))
+
+    assert first.stdout == result_line(1, "appended", 1)
+    assert again.stdout == result_line(1, "duplicate", 1)
+
+
+# -- submit: a JSON Lines stream from a file or stdin -------------------------------
+
+MIXED = (
+    lines(
+        {"type": "node-registered", "node": "n1", "slots": 1},
+        {"type": "heartbeat", "node": "n1"},
+    )
+    + "\n"  # a blank line is skipped, but counted
+    + lines({"type": "nope"})
+    + "not json\n"
+    + lines(
+        {"type": "heartbeat", "node": "zz"},
+        {"type": "heartbeat", "node": "n1", "extra": 1},
+        {"type": "node-registered", "node": "n1", "id": "again"},
+        {"type": "node-registered", "node": "n2", "id": "again"},
+    )
+)
+MIXED_RESULTS = (
+    result_line(1, "appended", 1)
+    + result_line(2, "appended", 2)
+    + result_line(4, "invalid", None, "unknown type 'nope'")
+    + result_line(5, "invalid", None, "not valid JSON: expected ident at line 1 column 2")
+    + result_line(6, "rejected", 3, "node zz is not registered")
+    + result_line(7, "invalid", None, "unknown field 'extra'")
+    + result_line(8, "rejected", 4, "node n1 is already registered")
+    + result_line(9, "duplicate", 4)
+)
+
+
+def test_submit_a_file_one_result_line_per_event(tmp_path, url):
+    source = tmp_path / "events.jsonl"
+    source.write_text(MIXED)
+
+    result = invoke(store(url, "submit", str(source)), code=1)
+
+    assert result.stdout == MIXED_RESULTS
+
+
+def test_submit_a_file_in_small_batches_gives_the_same_results(tmp_path, url):
+    source = tmp_path / "events.jsonl"
+    source.write_text(MIXED)
+
+    result = invoke(store(url, "submit", str(source), "--batch", "2"), code=1)
+
+    assert result.stdout == MIXED_RESULTS
+
+
+def test_submit_stdin(url):
+    result = invoke(store(url, "submit", "-"), code=1, input=MIXED)
+    assert result.stdout == MIXED_RESULTS
+
+
+def test_submit_stdin_through_a_pipe(url):
+    done = subprocess.run(
+        [sys.executable, "-m", "commands", "--store", url, "submit", "-"],
+        input=MIXED, capture_output=True, text=True, timeout=60,
+    )
+    assert (done.returncode, done.stderr) == (1, "")
+    assert done.stdout == MIXED_RESULTS
+
+
+def test_submit_quiet_prints_only_a_summary(tmp_path, url):
+    source = tmp_path / "events.jsonl"
+    source.write_text(MIXED)
+
+    result = invoke(store(url, "submit", str(source), "--quiet"), code=1)
+
+    assert result.stdout == '{"appended": 2, "duplicate": 1, "rejected": 2, "invalid": 3}\n'
+
+
+def test_submit_quiet_exits_0_when_everything_was_appended(tmp_path, url):
+    source = tmp_path / "events.jsonl"
+    source.write_text(lines(*SMALL))
+
+    result = invoke(store(url, "submit", str(source), "--quiet"))
+
+    assert result.stdout == '{"appended": 5, "duplicate": 0, "rejected": 0, "invalid": 0}\n'
+
+
+# -- usage errors: exit 2 -----------------------------------------------------------
+
+@pytest.mark.parametrize(
+    ("args", "error"),
+    [
+        (["submit"], "Missing argument 'TYPE|FILE|-'."),
+        (["submit", "heartbeat", "node"], "expected --field value, got 'node'"),
+        (["submit", "heartbeat", "--node"], "--node needs a value"),
+        (["submit", "missing.jsonl"],
+         "Invalid value: cannot read missing.jsonl: No such file or directory"),
+        (["submit", "nosuch-type", "--node", "x"],
+         "unexpected arguments --node x: flags are for one event (alloc-ledger submit TYPE "
+         "--field value); 'nosuch-type' is not an event type"),
+        (["submit", "-", "--batch", "0"],
+         "Invalid value for '--batch': 0 is not in the range 1<=x<=100000."),
+        (["nosuch"], "No such command 'nosuch'."),
+        (["query", "nosuch"], "No such command 'nosuch'."),
+        (["query", "nodes", "--format", "xml"],
+         "Invalid value for '--format': 'xml' is not one of 'table', 'json', 'jsonl', 'csv'."),
+        (["query", "nodes", "--as-of", "yesterday"],
+         "Invalid value for --as-of: --as-of 'yesterday' is neither a position nor an "
+         "RFC 3339 timestamp"),
+        (["query", "nodes", "--as-of", "2026-01-01T00:00:00"],
+         "Invalid value for --as-of: --as-of '2026-01-01T00:00:00' needs a time zone "
+         "(Z or +hh:mm)"),
+        (["query", "alloc"], "Missing argument 'ALLOC'."),
+        (["query", "history"], "Missing argument 'ENTITY'."),
+        (["query", "needs-reconnect", "--now", "12"],
+         "Invalid value for --now: '12' is not an RFC 3339 time"),
+    ],
+    ids=lambda v: " ".join(v) if isinstance(v, list) else None,
+)
+def test_usage_errors_exit_2(url, args, error):
+    result = invoke(store(url, *args), code=2)
+
+    assert result.stdout == ""
+    assert result.stderr.endswith(f"\nError: {error}\n")
+    assert result.stderr.startswith("Usage: alloc-ledger ")
+
+
+def test_a_bad_now_is_reported_as_now(url):
+    result = invoke(store(url, "query", "needs-reconnect", "--now", "soon"), code=2)
+    assert "--as-of" not in result.stderr
+    assert "Invalid value for --now" in result.stderr
+
+
+# -- the store cannot be opened or reached: exit 3, one line ------------------------
+
+COMMANDS = [
+    ["submit", "heartbeat", "--node", "n1"],
+    ["query", "nodes"],
+    ["query", "nodes", "--as-of", "1"],
+    ["query", "history", "n1"],
+]
+
+
+def one_line_store_error(result: Result, message: str) -> None:
+    assert result.stdout == ""
+    assert result.stderr == f"Error: {message}\n"
+
+
+@pytest.mark.parametrize("args", COMMANDS, ids=" ".join)
+def test_a_store_in_a_missing_directory_exits_3(tmp_path, args):
+    url = f"sqlite:///{tmp_path}/missing/ledger.db"
+    result = invoke(store(url, *args), code=3)
+    one_line_store_error(
+        result, f"cannot open store {url}: directory {tmp_path}/missing does not exist"
+    )
+    assert not (tmp_path / "missing").exists()
+
+
+@pytest.mark.parametrize("args", COMMANDS, ids=" ".join)
+def test_a_store_that_is_not_a_database_exits_3(tmp_path, args):
+    (tmp_path / "junk.db").write_text("this is not a database\n" * 100)
+    url = f"sqlite:///{tmp_path}/junk.db"
+    result = invoke(store(url, *args), code=3)
+    one_line_store_error(result, f"store {url}: file is not a database")
+
+
+@pytest.mark.parametrize("args", COMMANDS, ids=" ".join)
+def test_a_store_that_is_a_directory_exits_3(tmp_path, args):
+    url = f"sqlite:///{tmp_path}"
+    result = invoke(store(url, *args), code=3)
+    one_line_store_error(result, f"store {url}: unable to open database file")
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root reads and writes any file")
+def test_an_unreadable_store_exits_3(tmp_path, url):
+    invoke(store(url, "submit", "node-registered", "--node", "n1"))
+    (tmp_path / "ledger.db").chmod(0)
+    try:
+        result = invoke(store(url, "query", "nodes"), code=3)
+    finally:
+        (tmp_path / "ledger.db").chmod(0o600)
+    assert result.stdout == ""
+    assert result.stderr.startswith(f"Error: cannot open store {url}: ")
+    assert result.stderr.count("\n") == 1
+
+
+def test_an_unknown_kind_of_store_exits_3():
+    result = invoke(["--store", "mysql://db/ledger", "query", "nodes"], code=3)
+    one_line_store_error(
+        result,
+        "cannot open store 'mysql://db/ledger': use sqlite:///path/to/ledger.db or "
+        "postgresql://user:password@host:port/db",
+    )
+
+
+class Locked:
+    """A store another connection holds an exclusive write lock on."""
+
+    def __init__(self, path: Path, url: str) -> None:
+        self.url = f"{url}?timeout=1"  # give up on the lock after 1 s
+        self.holder: sqlite3.Connection | None = sqlite3.connect(path, isolation_level=None)
+        self.holder.execute("BEGIN EXCLUSIVE")
+
+    def release(self) -> None:
+        if self.holder is not None:
+            self.holder.execute("ROLLBACK")
+            self.holder.close()
+            self.holder = None
+
+
+@pytest.fixture
+def locked(tmp_path: Path, url: str) -> Iterator[Locked]:
+    invoke(store(url, "submit", "node-registered", "--node", "n1"))
+    lock = Locked(tmp_path / "ledger.db", url)
+    yield lock
+    lock.release()
+
+
+def test_submitting_to_a_locked_store_exits_3_and_appends_nothing(locked, url):
+    result = invoke(store(locked.url, "submit", "heartbeat", "--node", "n1"), code=3)
+    one_line_store_error(result, f"store {locked.url}: database is locked")
+
+    locked.release()
+    again = invoke(store(url, "submit", "heartbeat", "--node", "n1"))
+    assert again.stdout == result_line(1, "appended", 2)
+
+
+def test_submitting_a_stream_to_a_locked_store_exits_3(tmp_path, locked):
+    source = tmp_path / "events.jsonl"
+    source.write_text(lines({"type": "heartbeat", "node": "n1"}))
+    result = invoke(store(locked.url, "submit", str(source)), code=3)
+    one_line_store_error(result, f"store {locked.url}: database is locked")
+
+
+def test_a_locked_store_can_still_be_read(locked):
+    nodes = json.loads(invoke(store(locked.url, "query", "nodes")).stdout)
+    assert [n["node"] for n in nodes] == ["n1"]
+
+
+# -- queries: exact answers in every format ---------------------------------------
+
+def test_nodes_in_every_format(small):
+    def nodes(fmt: str) -> str:
+        return invoke(store(small, "query", "nodes", "--format", fmt)).stdout
+
+    assert nodes("table") == (
+        "node  status        health  parent  slots  slots_used  allocs  last_heartbeat_at"
+        "            last_heartbeat_position\n"
+        "n1    disconnected  ok              2      1           1       "
+        "2026-01-01T00:00:10.000000Z  2\n"
+    )
+    row = {
+        "node": "n1", "status": "disconnected", "health": "ok", "parent": None, "slots": 2,
+        "slots_used": 1, "allocs": 1, "last_heartbeat_at": "2026-01-01T00:00:10.000000Z",
+        "last_heartbeat_position": 2,
+    }
+    assert nodes("json") == json.dumps([row], indent=2) + "\n"
+    assert nodes("jsonl") == json.dumps(row) + "\n"
+    assert nodes("csv") == (
+        "node,status,health,parent,slots,slots_used,allocs,last_heartbeat_at,"
+        "last_heartbeat_position\n"
+        "n1,disconnected,ok,,2,1,1,2026-01-01T00:00:10.000000Z,2\n"
+    )
+
+
+def test_json_is_the_default_when_piped(small):
+    assert invoke(store(small, "query", "nodes")).stdout == invoke(
+        store(small, "query", "nodes", "--format", "json")
+    ).stdout
+
+
+def test_needs_reconnect_judges_the_deadline_at_now(small):
+    def expired(now: str) -> str:
+        args = ["query", "needs-reconnect", "--now", now, "--format", "csv"]
+        return invoke(store(small, *args)).stdout
+
+    header = (
+        "alloc,node,job,desired_status,unknown_since_position,unknown_since_at,deadline,"
+        "expired\n"
+    )
+    row = "a1,n1,web,run,5,2026-01-01T00:01:00.000000Z,2026-01-01T00:02:00.000000Z,"
+    assert expired("2026-01-01T00:01:59Z") == header + row + "false\n"
+    assert expired("2026-01-01T00:02:00Z") == header + row + "true\n"
+    assert expired("2026-01-01T01:02:00+01:00") == header + row + "true\n"
+    now = json.loads(invoke(store(small, "query", "needs-reconnect")).stdout)
+    assert [r["expired"] for r in now] == [True]  # the deadline is long gone
+
+
+def test_addresses_and_slots_tables(small):
+    assert invoke(store(small, "query", "addresses", "--format", "table")).stdout == (
+        "address   alloc  node  state\n"
+        "10.0.0.5  a1     n1    held\n"
+        "10.0.0.6  a1     n1    held\n"
+    )
+    assert invoke(store(small, "query", "slots", "--node", "n1", "--format", "csv")).stdout == (
+        "node,slot,state,alloc,reported_alloc,since_position\n"
+        "n1,0,active,a1,,4\n"
+        "n1,1,free,,,1\n"
+    )
+
+
+def test_an_empty_answer(small):
+    assert invoke(store(small, "query", "zombie-slots", "--format", "table")).stdout == "(none)\n"
+    assert invoke(store(small, "query", "zombie-slots", "--format", "json")).stdout == "[]\n"
+    assert invoke(store(small, "query", "zombie-slots", "--format", "jsonl")).stdout == ""
+    assert invoke(store(small, "query", "zombie-slots", "--format", "csv")).stdout == (
+        "node,slot,alloc,reason,position\n"
+    )
+
+
+def test_alloc_is_one_object(small):
+    a1 = json.loads(invoke(store(small, "query", "alloc", "a1", "--format", "json")).stdout)
+
+    assert {k: v for k, v in a1.items() if k != "history"} == {
+        "alloc": "a1", "node": "n1", "job": "web", "slot": 0, "desired_status": "run",
+        "client_status": "unknown", "needs_reconnect": True,
+        "addresses": ["10.0.0.5", "10.0.0.6"], "max_disconnect": 60,
+        "unknown_since_position": 5, "unknown_since_at": "2026-01-01T00:01:00.000000Z",
+        "deadline": "2026-01-01T00:02:00.000000Z", "placed_position": 3,
+        "updated_position": 5, "removed": False,
+        "alloc_states": [{"value": "unknown", "position": 5, "at": "2026-01-01T00:01:00.000000Z"}],
+    }
+    assert [(h["position"], h["type"], h["status"]) for h in a1["history"]] == [
+        (3, "alloc-placed", "appended"),
+        (4, "alloc-updated", "appended"),
+        (5, "heartbeat-missed", "appended"),
+    ]
+
+
+def test_an_allocation_never_placed_exits_1(small):
+    result = invoke(store(small, "query", "alloc", "a9"), code=1)
+    assert (result.stdout, result.stderr) == ("", "Error: allocation a9 is not in the ledger\n")
+
+
+def test_history_of_a_slot(small):
+    rows = json.loads(invoke(store(small, "query", "history", "n1#0")).stdout)
+    assert [(r["position"], r["type"]) for r in rows] == [
+        (3, "alloc-placed"), (4, "alloc-updated"), (5, "heartbeat-missed"),
+    ]
+    assert rows[0]["event"] == SMALL[2] | {"at": "2026-01-01T00:00:20.000000Z"}
+
+
+# -- every query, every format, live and as of a position or a time -----------------
+
+QUERIES = [
+    ["needs-reconnect", "--now", "2026-03-02T09:03:00Z"],
+    ["zombie-slots"],
+    ["slots"],
+    ["slots", "--node", "tm1"],
+    ["nodes"],
+    ["allocs"],
+    ["allocs", "--node", "n1", "--status", "lost"],
+    ["allocs", "--job", "build"],
+    ["alloc", "a1"],
+    ["alloc", "t1"],
+    ["addresses"],
+    ["suspects"],
+    ["rejections"],
+    ["history", "n1"],
+    ["history", "tm1#0"],
+    ["history", "10.0.0.5"],
+]
+AS_OF = {
+    "live": [],
+    "position": ["--as-of", "31"],
+    "timestamp": ["--as-of", "2026-03-02T11:01:00Z"],
+}
+
+
+def cell(value: Any) -> str:
+    """How a value reads in a CSV or table cell."""
+    if value is None:
+        return ""
+    if isinstance(value, bool):
+        return str(value).lower()
+    if isinstance(value, list):
+        return ",".join(cell(v) for v in value)
+    if isinstance(value, dict):
+        return json.dumps(value, separators=(",", ":"))
+    return str(value)
+
+
+@pytest.mark.parametrize("when", AS_OF)
+@pytest.mark.parametrize("query", QUERIES, ids=" ".join)
+def test_every_query_in_every_format_says_the_same(stories, query, when):
+    def ask(fmt: str) -> str:
+        return invoke(store(stories, "query", *query, *AS_OF[when], "--format", fmt)).stdout
+
+    answer = json.loads(ask("json"))
+    jsonl = [json.loads(line) for line in ask("jsonl").splitlines()]
+    table = ask("table").splitlines()
+    rows = list(csv.reader(io.StringIO(ask("csv"))))
+    if query[0] == "alloc":
+        assert jsonl == [answer]
+        assert rows == [["field", "value"]] + [[k, cell(v)] for k, v in answer.items()]
+        assert table[0].split() == ["field", "value"]
+        return
+    columns = list(COLUMNS[query[0]])
+    assert isinstance(answer, list)
+    assert jsonl == answer
+    assert rows == [columns] + [[cell(r[c]) for c in columns] for r in answer]
+    if answer:
+        assert table[0].split() == columns
+        assert len(table) == 1 + len(answer)
+    else:
+        assert table == ["(none)"]
+
+
+def test_the_stories_store_answers_every_question_with_rows(stories):
+    """The comparisons below are not vacuous: most questions have answers."""
+    empty = [
+        q for q in QUERIES if q[0] != "alloc"
+        and json.loads(invoke(store(stories, "query", *q, "--as-of", "31")).stdout) == []
+    ]
+    assert empty == [
+        ["needs-reconnect", "--now", "2026-03-02T09:03:00Z"],
+        ["allocs", "--job", "build"],
+        ["suspects"],
+    ]
+
+
+def answers(url: str, *as_of: str) -> dict[str, tuple[int, str]]:
+    found = {}
+    for query in QUERIES:
+        result = CliRunner().invoke(cli, store(url, "query", *query, *as_of, "--format", "json"))
+        assert "Traceback" not in result.output
+        found[" ".join(query)] = (result.exit_code, result.output)
+    return found
+
+
+# Each point of history, named by position and by time: the state as of it must be
+# the state of a store that received only the events up to that position.
+POINTS: dict[int, list[str]] = {
+    0: ["0", "2026-03-02T08:59:59Z"],
+    1: ["1", "2026-03-02T09:00:00Z", "2026-03-02T09:00:04.999999Z"],
+    3: ["3"],
+    7: ["7"],
+    9: ["9", "2026-03-02T09:03:00Z"],
+    12: ["12"],
+    13: ["13", "2026-03-02T09:30:00Z"],
+    24: ["24", "2026-03-02T10:01:04.999999Z"],
+    25: ["25", "2026-03-02T10:01:05Z"],
+    26: ["26"],
+    31: ["31", "2026-03-02T12:01:00+01:00"],
+    32: ["32"],
+    34: ["34"],
+    37: ["37"],
+    46: ["46"],
+    48: ["48", "2026-03-02T12:02:00Z"],
+    49: ["49", "2026-03-02T13:00:00Z", "2030-01-01T00:00:00Z"],
+}
+
+
+def test_as_of_equals_a_store_that_received_only_the_first_events(stories, tmp_path):
+    events = [json.dumps(e) for e in all_events()]
+    prefix = f"sqlite:///{tmp_path}/prefix.db"
+    received = 0
+    with Ledger.open(prefix) as ledger:
+        for position, names in POINTS.items():
+            ledger.submit_batch(events[received:position])
+            received = position
+            expected = answers(prefix)
+            for name in names:
+                assert answers(stories, "--as-of", name) == expected, name
+
+
+def test_as_of_a_time_is_the_longest_prefix_at_or_before_it(tmp_path, url):
+    """`at` out of order: the answer stops at the first event after the time,
+    even if later events are earlier."""
+    source = tmp_path / "events.jsonl"
+    source.write_text(lines(
+        {"type": "node-registered", "node": "n1", "at": "2026-01-01T10:00:00Z"},
+        {"type": "heartbeat", "node": "n1", "at": "2026-01-01T10:05:00Z"},
+        {"type": "node-registered", "node": "n2", "at": "2026-01-01T10:02:00Z"},
+    ))
+    invoke(store(url, "submit", str(source), "--quiet"))
+
+    def nodes(when: str) -> list[tuple[str, str]]:
+        rows = json.loads(invoke(store(url, "query", "nodes", "--as-of", when)).stdout)
+        return [(r["node"], r["status"]) for r in rows]
+
+    assert nodes("2026-01-01T10:03:00Z") == [("n1", "initializing")]
+    assert nodes("2026-01-01T10:05:00Z") == [("n1", "ready"), ("n2", "initializing")]
+    assert nodes("2026-01-01T09:59:59Z") == []
+
+
+def test_as_of_a_time_when_at_defaults_to_the_time_received(url):
+    invoke(store(url, "submit", "node-registered", "--node", "n1"))
+    def nodes(when: str) -> list[str]:
+        rows = json.loads(invoke(store(url, "query", "nodes", "--as-of", when)).stdout)
+        return [r["node"] for r in rows]
+
+    assert nodes("2000-01-01T00:00:00Z") == []
+    assert nodes("2999-01-01T00:00:00Z") == ["n1"]
+
+
+# -- help, python -m commands, schema -----------------------------------------------
+
+def walk(command: click.Command, path: list[str]) -> Iterator[tuple[list[str], click.Command]]:
+    yield path, command
+    if isinstance(command, click.Group):
+        for name, sub in sorted(command.commands.items()):
+            yield from walk(sub, [*path, name])
+
+
+def test_every_command_and_option_has_help():
+    missing = []
+    for path, command in walk(cli, []):
+        result = invoke([*path, "--help"])
+        assert result.stdout.startswith(f"Usage: alloc-ledger {' '.join(path)}".rstrip())
+        if not (command.help or "").strip():
+            missing.append(" ".join(path) or "alloc-ledger")
+        for param in command.params:
+            if isinstance(param, click.Option) and not param.help:
+                missing.append(f"{' '.join(path)} {param.opts[0]}")
+    assert missing == []
+
+
+def test_every_command_of_the_spec_is_there():
+    names = {" ".join(path) for path, _ in walk(cli, [])}
+    spec = {"submit", "query", "project", "replay", "verify", "digest", "schema", "demo"} | {
+        f"query {q}" for q in COLUMNS
+    } | {"query alloc"}
+    assert spec - names == set()
+
+
+def test_python_m_commands_help():
+    done = subprocess.run(
+        [sys.executable, "-m", "commands", "--help"], capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith("Usage: alloc-ledger [OPTIONS] COMMAND [ARGS]...\n")
+    assert "Traceback" not in done.stderr
+
+
+def test_schema_prints_the_json_schema_of_every_event():
+    schema = json.loads(invoke(["schema"]).stdout)
+
+    assert schema["title"] == "alloc-ledger event"
+    assert schema["discriminator"]["propertyName"] == "type"
+    mapping = schema["discriminator"]["mapping"]
+    assert sorted(mapping) == sorted(EVENT_TYPES)
+    assert len(schema["oneOf"]) == len(EVENT_TYPES)
+    for kind, ref in mapping.items():
+        model = schema["$defs"][ref.rsplit("/", 1)[1]]
+        assert model["additionalProperties"] is False, kind
+        assert model["properties"]["type"]["const"] == kind
+        assert {"type", "id", "at", "source"} <= set(model["properties"]), kind
+    assert schema["$defs"]["AllocUpdated"]["required"] == ["type", "alloc", "client_status"]
+
+
+# -- a reporting tool reads the file with nothing but sqlite3 ------------------------
+
+SQL = {
+    "nodes": "SELECT node, status, health, parent, slots, slots_used, allocs, "
+             "last_heartbeat_at, last_heartbeat_position FROM nodes ORDER BY node",
+    "needs-reconnect": "SELECT alloc, node, job, desired_status, unknown_since_position, "
+                       "unknown_since_at, deadline, deadline <= :now AS expired "
+                       "FROM needs_reconnect ORDER BY unknown_since_position, alloc",
+    "zombie-slots": "SELECT node, slot, alloc, reason, position FROM zombie_slots "
+                    "ORDER BY node, slot",
+    "addresses": "SELECT address, alloc, node, state FROM addresses ORDER BY address",
+}
+NOW = "2026-01-01T00:01:30Z"
+NOW_TEXT = "2026-01-01T00:01:30.000000Z"  # as the tables keep times
+
+
+def by_sqlite3(path: Path, query: str) -> list[dict[str, Any]]:
+    connection = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+    connection.row_factory = sqlite3.Row
+    try:
+        rows = [dict(r) for r in connection.execute(SQL[query], {"now": NOW_TEXT})]
+    finally:
+        connection.close()
+    for row in rows:
+        if "expired" in row:
+            row["expired"] = bool(row["expired"])
+    return rows
+
+
+@pytest.mark.parametrize("query", SQL)
+@pytest.mark.parametrize("which", ["small", "stories"])
+def test_sqlite3_alone_reads_the_same_answers(request, query, which):
+    url = request.getfixturevalue(which)
+    path = Path(url[len("sqlite:///"):])
+    args = ["--now", NOW] if query == "needs-reconnect" else []
+
+    printed = json.loads(invoke(store(url, "query", query, *args, "--format", "json")).stdout)
+
+    assert printed == by_sqlite3(path, query)
+    assert (printed == []) == ((which, query) in {("small", "zombie-slots"),
+                                                  ("stories", "needs-reconnect")})
