@@ -32,12 +32,13 @@ from __future__ import annotations
 import argparse
 import heapq
 import json
+import os
 import sys
 from collections import deque
 from collections.abc import Callable, Iterator
 from datetime import datetime, timedelta, timezone
 from random import Random
-from typing import Any
+from typing import Any, TextIO
 
 DEFAULT_START = "2026-01-01T00:00:00Z"
 DEFAULT_SOURCE = "sim"
@@ -50,7 +51,7 @@ HEARTBEAT_SHARE = 0.75
 SLOT_REPORT_EVERY = 5  # a full slot report with every 5th heartbeat of a node
 
 # Probabilities of the spontaneous (not scheduled) happenings, per event.
-P_PLACE = 0.06
+P_PLACE = 0.07
 P_MISSED = 0.0105
 P_REGISTER = 0.0004
 P_DOWN = 0.0002
@@ -64,8 +65,8 @@ SERVICE_SHARE = 0.4  # long-running services; the rest are batch jobs
 TARGET_OCCUPANCY = 0.5  # share of slots the services keep busy
 MAX_DISCONNECT_CHOICES = (60, 120, 300, 600, 900)
 P_MAX_DISCONNECT = 0.35
-P_NOMAD_RACE = 0.04  # per disconnect episode with allocations to reconnect
-P_SWARM_RACE = 0.05  # per stop/remove request of an allocation with addresses
+P_NOMAD_RACE = 0.025  # per disconnect episode with allocations to reconnect
+P_SWARM_RACE = 0.03  # per stop/remove request of an allocation with addresses
 ADDRESS_REUSE_AFTER = 32  # released addresses wait in a queue before reuse
 
 DOWN_REASONS = ("instance terminated", "resource vanished", "kernel panic", "network partition")
@@ -125,6 +126,7 @@ class Node:
         "phase",
         "copies",
         "dirty",
+        "quoted",
     )
 
     def __init__(self, name: str, slots: int, parent: Node | None, phase: int) -> None:
@@ -141,6 +143,7 @@ class Node:
         self.phase = phase
         self.copies = 0
         self.dirty = False  # a slot was freed since the last slot report
+        self.quoted = json.dumps(name)
 
 
 class Alloc:
@@ -166,6 +169,10 @@ class Alloc:
         self.maxdc = maxdc
         self.stage = 0  # bumped on each lifecycle step; stale follow-ups check it
         self.service = service
+
+
+def slot_report(table: list[str | None]) -> list[dict[str, Any]]:
+    return [{"slot": k, "alloc": a} for k, a in enumerate(table)]
 
 
 def parse_start(text: str) -> datetime:
@@ -236,7 +243,7 @@ class _Simulation:
 
     def after(self, low: float, high: float) -> int:
         """A delay in events for a uniform delay in simulated seconds."""
-        return 1 + int(self.rng.uniform(low, high) * self.per_second)
+        return 1 + int((low + (high - low) * self.rng.random()) * self.per_second)
 
     def schedule(self, delay: int, kind: int, target: Any, token: int) -> None:
         self.seq += 1
@@ -264,8 +271,11 @@ class _Simulation:
         return ("node-registered", body)
 
     def new_address(self) -> str:
-        if len(self.free_addrs) > ADDRESS_REUSE_AFTER:
-            return self.free_addrs.popleft()
+        free = self.free_addrs
+        while len(free) > ADDRESS_REUSE_AFTER:
+            addr = free.popleft()
+            if addr not in self.held:
+                return addr
         while True:
             k = self.addr_count
             self.addr_count += 1
@@ -276,9 +286,9 @@ class _Simulation:
     def pick(self, tries: int = 6) -> Node | None:
         """A random ready, healthy node."""
         nodes = self.nodes
-        rng = self.rng
+        random = self.rng.random
         for _ in range(tries):
-            node = nodes[rng.randrange(len(nodes))]
+            node = nodes[int(random() * len(nodes))]
             if node.status == READY and node.health == OK:
                 return node
         return None
@@ -364,7 +374,7 @@ class _Simulation:
         body: dict[str, Any] = {"node": node.name}
         if node.slots and (node.dirty or zombie or node.beats % SLOT_REPORT_EVERY == node.phase):
             node.dirty = False
-            report = [{"slot": k, "alloc": a} for k, a in enumerate(node.table)]
+            report = slot_report(node.table)
             if zombie is not None:
                 report[zombie[0]]["alloc"] = zombie[1]
             body["slots"] = report
@@ -687,10 +697,17 @@ class _Simulation:
         return None
 
     def __iter__(self) -> Iterator[dict[str, Any]]:
+        return self.stream(False)
+
+    def lines(self) -> Iterator[str]:
+        """The same events as compact JSON lines (no newline), faster than encoding dicts."""
+        return self.stream(True)
+
+    def stream(self, as_lines: bool) -> Iterator[Any]:
         total = self.events
         ids = self.ids
         source = self.source
-        id_format = f"e{{:0{max(6, len(str(total)))}d}}".format
+        id_template = f"e%0{max(6, len(str(total)))}d"
         t_us = self.start_us
         dt_us = self.dt_us
         last_ms = None
@@ -708,6 +725,19 @@ class _Simulation:
         nodes = self.nodes
         p_rare = P_PLACE + sum(probability for probability, _ in self.rare)
         both = bool(ids and source)
+        encode = _line_encoder()
+        quoted_source = f',"source":{json.dumps(source)}' if source else ""
+        # Plain heartbeats (and their slot reports; alloc ids are plain ASCII) are
+        # formatted here directly; the id placeholder takes "" when ids are off.
+        heartbeat_head = '{"type":"heartbeat"' + (',"id":"%s"' if ids else "%s") + ',"at":"%s"' + quoted_source
+        heartbeat_line = heartbeat_head + ',"node":%s}'
+        report_line = heartbeat_head + ',"node":%s,"slots":[%s]}'
+        event_head = '{"type":"%s"' + (',"id":"%s"' if ids else "%s") + ',"at":"%s"' + quoted_source + ","
+        report = 0
+        rr = 0
+        ident = ""
+        step: Body | None
+        event: dict[str, Any]
         for i in range(total):
             self.i = i
             ms = t_us // 1000
@@ -719,8 +749,10 @@ class _Simulation:
                     last_sec = sec
                     prefix = (_EPOCH + timedelta(seconds=sec)).strftime("%Y-%m-%dT%H:%M:%S")
                 at = f"{prefix}.{ms - sec * 1000:03d}Z"
+            if ids:
+                ident = id_template % (i + 1)
             if i < boot_events:
-                kind, body = next(boot)
+                step = next(boot)
             else:
                 while True:
                     if heap and heap[0][0] <= i:
@@ -728,40 +760,63 @@ class _Simulation:
                         step = follow_up(action, target, token)
                         if step is None:
                             continue
-                        kind, body = step
                         break
                     r = random()
                     if r < p_rare:
                         step = spontaneous(r)
                         if step is not None:
-                            kind, body = step
                             break
                     # The common case, a plain heartbeat from a ready node, inline.
-                    rr = self.rr
                     node = nodes[rr]
                     rr += 1
-                    self.rr = 0 if rr >= len(nodes) else rr
-                    if node.status == READY and not node.dirty:
+                    if rr >= len(nodes):
+                        rr = 0
+                    if node.status == READY:
                         beats = node.beats + 1
-                        if beats % SLOT_REPORT_EVERY != node.phase or not node.slots:
-                            node.beats = beats
-                            kind = "heartbeat"
-                            body = {"node": node.name}
-                            break
-                    self.rr = rr - 1
-                    kind, body = next_heartbeat()
+                        node.beats = beats
+                        report = node.slots and (node.dirty or beats % SLOT_REPORT_EVERY == node.phase)
+                        step = None
+                        break
+                    self.rr = rr - 1 if rr else len(nodes) - 1
+                    step = next_heartbeat()
+                    rr = self.rr
                     break
-            if both:
-                yield {"type": kind, "id": id_format(i + 1), "at": at, "source": source, **body}
+                if step is None:
+                    if report:
+                        node.dirty = False
+                        if as_lines:
+                            entries = ",".join(
+                                [
+                                    f'{{"slot":{k},"alloc":"{a}"}}' if a else f'{{"slot":{k},"alloc":null}}'
+                                    for k, a in enumerate(node.table)
+                                ]
+                            )
+                            yield report_line % (ident, at, node.quoted, entries)
+                            continue
+                        step = ("heartbeat", {"node": node.name, "slots": slot_report(node.table)})
+                    elif as_lines:
+                        yield heartbeat_line % (ident, at, node.quoted)
+                        continue
+                    elif both:
+                        yield {"type": "heartbeat", "id": ident, "at": at, "source": source, "node": node.name}
+                        continue
+                    else:
+                        step = ("heartbeat", {"node": node.name})
+            kind, body = step
+            if as_lines:  # the envelope, then the body's fields (never empty)
+                yield event_head % (kind, ident, at) + encode(body)[1:]
                 continue
-            event: dict[str, Any] = {"type": kind}
-            if ids:
-                event["id"] = id_format(i + 1)
-            event["at"] = at
-            if source:
-                event["source"] = source
-            event.update(body)
-            yield event
+            if both:
+                event = {"type": kind, "id": ident, "at": at, "source": source, **body}
+            else:
+                event = {"type": kind}
+                if ids:
+                    event["id"] = ident
+                event["at"] = at
+                if source:
+                    event["source"] = source
+                event.update(body)
+            yield encode(event) if as_lines else event
 
 
 def generate(
@@ -783,6 +838,23 @@ def generate(
     return iter(_Simulation(events, nodes, slots, seed, start, ids, source))
 
 
+def generate_lines(
+    events: int,
+    nodes: int,
+    slots: int,
+    seed: int,
+    start: str | datetime = DEFAULT_START,
+    ids: bool = True,
+    source: str | None = DEFAULT_SOURCE,
+) -> Iterator[str]:
+    """The same history as `generate`, as compact JSON lines without newlines.
+
+    Byte for byte `json.dumps(event, separators=(",", ":"))` of each event,
+    about twice as fast; this is what the command line writes.
+    """
+    return _Simulation(events, nodes, slots, seed, start, ids, source).lines()
+
+
 def _line_encoder() -> Callable[[Any], str]:
     """json.dumps(event, separators=(",", ":")), minus its per-call setup."""
     encoder = json.JSONEncoder(separators=(",", ":"), check_circular=False)
@@ -798,7 +870,7 @@ def _line_encoder() -> Callable[[Any], str]:
     return encode
 
 
-def _count(minimum: int):  # type: ignore[no-untyped-def]
+def _count(minimum: int) -> Callable[[str], int]:
     def convert(text: str) -> int:
         try:
             value = int(text)
@@ -845,36 +917,36 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", metavar="FILE", help="write to FILE instead of standard output")
     args = parser.parse_args(argv)
 
-    stream = generate(args.events, args.nodes, args.slots, args.seed, args.start, args.ids, args.source or None)
-    encode = _line_encoder()
-    out = open(args.out, "w", encoding="utf-8", newline="\n") if args.out else sys.stdout
+    lines = generate_lines(args.events, args.nodes, args.slots, args.seed, args.start, args.ids, args.source or None)
     try:
-        lines: list[str] = []
-        append = lines.append
-        for event in stream:
-            append(encode(event))
-            if len(lines) >= 8192:
-                append("")
-                out.write("\n".join(lines))
-                lines.clear()
-        if lines:
-            append("")
-            out.write("\n".join(lines))
-        out.flush()
+        if args.out:
+            with open(args.out, "w", encoding="utf-8", newline="\n") as out:
+                _write(lines, out)
+        else:
+            _write(lines, sys.stdout)
+            sys.stdout.flush()
     except BrokenPipeError:
         # The reader went away (| head): stop quietly, like other filters.
-        import os
-
-        devnull = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(devnull, sys.stdout.fileno())
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 1
     except OSError as error:
         print(f"simulate.py: error: {error}", file=sys.stderr)
         return 1
-    finally:
-        if out is not sys.stdout:
-            out.close()
     return 0
+
+
+def _write(lines: Iterator[str], out: TextIO, batch: int = 8192) -> None:
+    buffer: list[str] = []
+    append = buffer.append
+    for line in lines:
+        append(line)
+        if len(buffer) >= batch:
+            append("")
+            out.write("\n".join(buffer))
+            buffer.clear()
+    if buffer:
+        append("")
+        out.write("\n".join(buffer))
 
 
 if __name__ == "__main__":
