@@ -47,7 +47,8 @@ def rebuild(
     (``every=0``: from scratch, no checkpoints read or kept)."""
     upto = point.position if point is not None else None
     until = point.at if point is not None else None
-    start = checkpoints.nearest(store, upto, until) if every else None
+    bounded = upto is not None or until is not None
+    start = checkpoints.nearest(store, upto, until) if every and bounded else None
     cluster, position, max_at = start if start is not None else (Cluster(), 0, "")
     for stored in store.read_log(position, upto):
         record = decode(stored)

@@ -30,18 +30,15 @@ def _table(store: Store) -> str:
 def nearest(store: Store, position: int | None, at: str | None) -> tuple[Cluster, int, str] | None:
     """The latest checkpoint at or before a position (or wholly at or before a time)."""
     p = store.param
-    if position is not None:
-        where, params = f"position <= {p}", (position,)
-    elif at is not None:
-        where, params = f"max_at <= {p}", (at,)
-    else:
-        where, params = "1 = 1", ()
+    where, bound = (
+        (f"position <= {p}", position) if position is not None else (f"max_at <= {p}", at)
+    )
     try:
         with store.reading() as cursor:
             cursor.execute(
                 f"SELECT position, max_at, state FROM checkpoints WHERE {where} "
                 "ORDER BY position DESC LIMIT 1",
-                params,
+                (bound,),
             )
             row = cursor.fetchone()
     except StoreUnavailable:  # no table yet (nothing was checkpointed), or a reader role

@@ -5,10 +5,11 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from eventsourcing.persistence import StoredEvent
+
 from ledger.domain import touched_by
 from ledger.records import decode
 from ledger.store import Store
-from eventsourcing.persistence import StoredEvent
 
 
 def history(store: Store, entity: str, upto: int | None = None) -> list[dict[str, Any]]:

@@ -1,15 +1,15 @@
 """Replay: rebuild every projection from the log and prove the tables.
 
 The log is replayed into scratch copies of the projection tables (a unique
-``replay_…_`` prefix, in the same database) by the same ``Projector`` that
-keeps the live tables, a chunk of events per transaction so memory stays
-bounded and writers are not held up for long. The scratch tables are then
-compared row by row, with SQL, against
+``replay_…_`` prefix, in the same database) with the domain's own rules
+(``Cluster``, loading entities from the scratch tables as it goes), a chunk
+of events per transaction so memory stays bounded and writers are not held
+up for long. The scratch tables are then compared row by row, with SQL,
+against
 
-* the live tables, at the position they have read up to (the comparison
-  runs in one transaction with the final catch-up, so the live tables
-  cannot move under it), and, where writers decide against tables of their
-  own (PostgreSQL's ``state_…``), those at the head of the log; or
+* the live tables, at the position they have read up to (read in one
+  snapshot with that position), and, where writers decide against tables
+  of their own (PostgreSQL's ``state_…``), those at the head of the log; or
 * with ``to``, the as-of state (``asof.rebuild``, the in-memory replay that
   answers ``--as-of`` queries), written to a second scratch prefix.
 
@@ -22,20 +22,18 @@ from __future__ import annotations
 import json
 import secrets
 import time
-from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Any, cast
+from typing import Any
 
-from eventsourcing.persistence import StoredEvent
-
+from ledger.domain import Cluster
 from ledger.errors import LedgerError
+from ledger.records import decode, replay as replay_record
 from ledger.store import Store
 from projections import tables
 from projections.asof import AsOf, rebuild
-from projections.projector import Projector
-from projections.rows import Statements, write_changes
+from projections.rows import Statements, TableSource, write_changes
 
-CHUNK = 20_000  # events replayed per transaction
+CHUNK = 50_000  # events replayed per transaction (SQLite writers wait for each)
 
 # The key of each compared relation, in its column order.
 KEYS: dict[str, tuple[str, ...]] = {
@@ -108,60 +106,38 @@ class ReplayReport:
         }
 
 
-class ScratchLog:
-    """The store seen by a projector of scratch tables: the same log, but a
-    reading position of its own (the live tracking position is never read
-    nor written)."""
-
-    def __init__(self, store: Store) -> None:
-        self.store = store
-        self.param = store.param
-        self.position = 0
-
-    def head(self, cursor: Any) -> int:
-        return self.store.head(cursor)
-
-    def tracked(self, cursor: Any) -> int:
-        return self.position
-
-    def track(self, cursor: Any, position: int) -> None:
-        self.position = position
-
-    def read_log(self, after: int, upto: int | None = None) -> Iterator[StoredEvent]:
-        return self.store.read_log(after, upto)
-
-
 class Scratch:
-    """Scratch projection tables replayed from the log, a chunk at a time."""
+    """Scratch projection tables replayed from the log, a chunk of events per
+    transaction: entities are loaded from the scratch tables as needed and
+    everything the chunk changed is written once, at its end (so no
+    transaction reads after writing, which a pipelined connection cannot
+    answer reliably)."""
 
     def __init__(self, store: Store, prefix: str) -> None:
         self.store = store
         self.prefix = prefix
-        self.log = ScratchLog(store)
-        self.projector = Projector(cast(Store, self.log), prefix)
+        self.sql = Statements(store.param, prefix)
+        self.source = TableSource(self.sql)
+        self.cluster = Cluster(self.source)
+        self.position = 0
         self.seconds = 0.0
-
-    @property
-    def position(self) -> int:
-        return self.log.position
 
     def create(self) -> None:
         with self.store.projecting() as cursor:
             tables.create(cursor, self.store.dialect, self.prefix)
 
-    def catch_up(self, cursor: Any, target: int) -> None:
-        """Replay (in the caller's transaction) up to ``target``."""
-        started = time.perf_counter()
-        self.projector.catch_up(cursor, head=target)
-        self.seconds += time.perf_counter() - started
-
     def replay_to(self, target: int) -> None:
-        """Replay up to ``target``, one transaction per chunk."""
         while self.position < target:
+            end = min(target, self.position + CHUNK)
+            started = time.perf_counter()
             with self.store.projecting() as cursor:
-                started = time.perf_counter()
-                self.projector.catch_up(cursor, head=target, limit=CHUNK)
-                self.seconds += time.perf_counter() - started
+                self.source.cursor = cursor
+                for stored in self.store.read_log(self.position, end):
+                    replay_record(self.cluster, decode(stored))
+                write_changes(cursor, self.sql, self.cluster.take_changes())
+            self.cluster.forget()
+            self.position = end
+            self.seconds += time.perf_counter() - started
 
 
 def replay(store: Store, to: int | None = None) -> ReplayReport:
@@ -169,49 +145,64 @@ def replay(store: Store, to: int | None = None) -> ReplayReport:
     them with the live tables (or, with ``to``, with the as-of state there)."""
     with store.reading() as cursor:
         head = store.head(cursor)
-        live = store.tracked(cursor)
     if to is not None and to > head:
         raise OutOfRange(f"position {to} is beyond the head of the log ({head})")
     prefix = f"replay_{secrets.token_hex(4)}_"
     scratch = Scratch(store, prefix)
     try:
         scratch.create()
-        if to is None:
-            return _against_live(store, scratch, live)
-        return _against_as_of(store, scratch, to, head)
+        report = _against_as_of(store, scratch, to, head) if to is not None else (
+            _against_live(store, scratch)
+        )
     finally:
         with store.projecting() as cursor:
             tables.drop(cursor, prefix)
             tables.drop(cursor, prefix + "asof_")
+    report.events, report.seconds = scratch.position, scratch.seconds
+    return report
 
 
-def _against_live(store: Store, scratch: Scratch, live: int) -> ReplayReport:
-    scratch.replay_to(live)
-    with store.projecting() as cursor:
-        live = store.tracked(cursor)  # the live tables may have moved on meanwhile
-        scratch.catch_up(cursor, live)
-        report = ReplayReport(live, store.head(cursor), f"the live tables at position {live}")
-        report.differences = compare(cursor, expected=scratch.prefix, found="")
+def _against_live(store: Store, scratch: Scratch) -> ReplayReport:
+    """Compare with the live tables where they have read up to: one snapshot
+    holds both the tables and their position (replay again if they moved on)."""
+    while True:
+        with store.reading() as cursor:
+            live = store.tracked(cursor)
+            if live == scratch.position:
+                report = ReplayReport(
+                    live, store.head(cursor), f"the live tables at position {live}"
+                )
+                report.differences = compare(cursor, expected=scratch.prefix, found="")
+                break
+        scratch.replay_to(_ahead(live, scratch, "the live tables' position"))
     if store.state_prefix:
         _against_decisions(store, scratch, report)
-    report.events, report.seconds = scratch.position, scratch.seconds
     return report
 
 
 def _against_decisions(store: Store, scratch: Scratch, report: ReplayReport) -> None:
     """Where writers decide against tables of their own (``state_…``), those
-    must hold the replayed state at the head: compared while no writer runs."""
-    with store.reading() as cursor:
-        head = store.head(cursor)
-    scratch.replay_to(head)
-    with store.writing() as cursor:
-        head = store.head(cursor)
-        scratch.catch_up(cursor, head)
-        report.head = head
-        report.compared_with += f" and the decision tables at position {head}"
-        report.differences += compare(
-            cursor, expected=scratch.prefix, found=store.state_prefix, relations=DECISIONS
+    hold the replayed state at the head of the log of the same snapshot."""
+    while True:
+        with store.reading() as cursor:
+            head = store.head(cursor)
+            if head == scratch.position:
+                report.head = head
+                report.compared_with += f" and the decision tables at position {head}"
+                report.differences += compare(
+                    cursor, expected=scratch.prefix, found=store.state_prefix,
+                    relations=DECISIONS,
+                )
+                return
+        scratch.replay_to(_ahead(head, scratch, "the head of the log"))
+
+
+def _ahead(target: int, scratch: Scratch, what: str) -> int:
+    if target < scratch.position:
+        raise LedgerError(
+            f"{what} went back from {scratch.position} to {target} during the replay"
         )
+    return target
 
 
 def _against_as_of(store: Store, scratch: Scratch, to: int, head: int) -> ReplayReport:
@@ -221,9 +212,9 @@ def _against_as_of(store: Store, scratch: Scratch, to: int, head: int) -> Replay
     with store.projecting() as cursor:
         tables.create(cursor, store.dialect, as_of)
         write_changes(cursor, Statements(store.param, as_of), cluster.everything())
+    with store.reading() as cursor:
         report = ReplayReport(to, head, f"the as-of state at position {to}")
         report.differences = compare(cursor, expected=scratch.prefix, found=as_of, label="")
-    report.events, report.seconds = scratch.position, scratch.seconds
     return report
 
 

@@ -8,9 +8,9 @@ transaction, one ``executemany`` per table.
 from __future__ import annotations
 
 import json
+from typing import Any
 
 import orjson
-from typing import Any
 
 from ledger.domain import Changes
 from ledger.model import AddressHold, Allocation, Node, Slot
