@@ -1,26 +1,127 @@
-"""Commands that look after the store: project, schema."""
+"""Commands that look after the store: project, grant-reporting, schema."""
 
 from __future__ import annotations
 
 import json
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 
 import click
 
 from commands.cli import store_of
 from ledger.application import Ledger
 from ledger.events import json_schema
+from ledger.store import Store, open_store
+
+BATCH = 1000
 
 
 @click.command()
+@click.option(
+    "--follow", is_flag=True,
+    help="Keep the tables current as other processes append, until interrupted.",
+)
+@click.option(
+    "--batch", default=BATCH, show_default=True, type=click.IntRange(1, 100_000),
+    help="Most events applied in one transaction (with its tracking position).",
+)
+@click.option(
+    "--poll", default=1.0, show_default=True, type=click.FloatRange(0.01, 3600),
+    help="With --follow: seconds between checks when no notification arrives.",
+)
 @click.pass_context
-def project(ctx: click.Context) -> None:
+def project(ctx: click.Context, follow: bool, batch: int, poll: float) -> None:
     """Bring the projection tables up to date with the log.
 
+    Events are applied in transactions of at most --batch events, each
+    recording how far it got, so an interrupted run (even kill -9) resumes
+    where it stopped and never applies an event twice. With --follow, keep
+    going: on PostgreSQL each append wakes the follower (LISTEN/NOTIFY); one
+    JSON progress line is printed per transaction.
+
+    \b
     Example: alloc-ledger project
+    Example: alloc-ledger --store postgresql://ledger@db/ops project --follow
     """
     with Ledger.open(store_of(ctx)) as ledger:
-        start, head = ledger.project()
-    click.echo(json.dumps({"from": start, "to": head, "applied": head - start}))
+        if follow:
+            _follow(ledger, batch, poll)
+            return
+        first, last = _catch_up(ledger, batch)
+    click.echo(json.dumps({"from": first, "to": last, "applied": last - first}))
+
+
+def _catch_up(ledger: Ledger, batch: int, report: bool = False) -> tuple[int, int]:
+    """Apply everything appended so far, one transaction per batch."""
+    first = last = None
+    while True:
+        start, end = ledger.project(limit=batch)
+        first = start if first is None else first
+        last = end
+        if end <= start:
+            return first, last
+        if report:
+            _progress({"from": start, "to": end, "applied": end - start, "lag": ledger.lag()})
+
+
+def _follow(ledger: Ledger, batch: int, poll: float) -> None:
+    with _appends(ledger.store) as wait:
+        _progress({"following": True, "lag": ledger.lag()})
+        try:
+            while True:
+                _catch_up(ledger, batch, report=True)
+                wait(poll)
+        except KeyboardInterrupt:
+            _progress({"stopped": True, "lag": ledger.lag()})
+
+
+@contextmanager
+def _appends(store: Store) -> Iterator[Callable[[float], bool]]:
+    """Wake on appends: the store's notifications, or polling (SQLite)."""
+    listen = getattr(store, "appends", None)
+    if listen is not None:
+        with listen() as wait:
+            yield wait
+        return
+
+    def sleep(timeout: float) -> bool:
+        time.sleep(timeout)
+        return False
+
+    yield sleep
+
+
+def _progress(line: dict[str, object]) -> None:
+    click.echo(json.dumps(line))
+
+
+@click.command("grant-reporting")
+@click.argument("role")
+@click.pass_context
+def grant_reporting(ctx: click.Context, role: str) -> None:
+    """Let a database ROLE read the projection tables and views, and nothing else.
+
+    Grants USAGE on the store's schema and SELECT on the projection tables
+    (nodes, slots, allocations, alloc_states, addresses, rejections) and views
+    (needs_reconnect, zombie_slots); never the event log (stored_events,
+    event_ids, event_hashes), tracking or the writers' state_* tables. The
+    role must exist (CREATE ROLE grafana LOGIN PASSWORD '…'). PostgreSQL only.
+
+    Example: alloc-ledger --store postgresql://ledger@db/ops grant-reporting grafana
+    """
+    store = open_store(store_of(ctx))
+    try:
+        grant = getattr(store, "grant_reporting", None)
+        if grant is None:
+            raise click.ClickException(
+                "grant-reporting needs a PostgreSQL store (SQLite has no roles: give "
+                "reporting tools a read-only connection, e.g. sqlite3 'file:ledger.db?mode=ro')"
+            )
+        granted = grant(role)
+    finally:
+        store.close()
+    click.echo(json.dumps({"role": role, "select": granted}))
 
 
 @click.command()
@@ -32,4 +133,4 @@ def schema() -> None:
     click.echo(json.dumps(json_schema(), indent=2))
 
 
-COMMANDS = [project, schema]
+COMMANDS = [project, schema, grant_reporting]

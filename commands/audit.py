@@ -1,7 +1,171 @@
-"""Audit commands: replay, verify, digest, audit (being built)."""
+"""Audit commands: replay, verify, digest, audit."""
 
 from __future__ import annotations
 
+import json
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
 import click
 
-COMMANDS: list[click.Command] = []
+from commands.cli import store_of
+from commands.output import chosen, emit, emit_object, format_option
+from ledger.chain import Digest, current_digest
+from ledger.chain import verify as verify_chain
+from ledger.errors import LedgerError
+from ledger.store import Store, open_store
+from projections.audit import COLUMNS as AUDIT_COLUMNS
+from projections.audit import SECTIONS
+from projections.audit import audit as audit_history
+from projections.replay import OutOfRange
+from projections.replay import replay as replay_projections
+
+
+@contextmanager
+def opened(ctx: click.Context) -> Iterator[Store]:
+    store = open_store(store_of(ctx))
+    try:
+        yield store
+    finally:
+        store.close()
+
+
+class DigestType(click.ParamType):  # type: ignore[type-arg]  # generic from click 8.2 on
+    name = "POSITION:HASH"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        if isinstance(value, Digest):
+            return value
+        try:
+            return Digest.parse(str(value))
+        except LedgerError as error:
+            self.fail(str(error), param, ctx)
+
+
+@click.command()
+@click.option(
+    "--to", "to", type=click.IntRange(min=0), metavar="POSITION",
+    help="Replay up to this position and compare with the as-of state there "
+    "(default: compare with the live tables).",
+)
+@format_option
+@click.pass_context
+def replay(ctx: click.Context, to: int | None, fmt: str | None) -> None:
+    """Rebuild every projection from the log into scratch tables and compare
+    them row by row with the live tables; report events/s and every difference.
+
+    The live tables are only read; the scratch tables (replay_…_) are dropped
+    afterwards. Exit 1 on any difference.
+
+    \b
+    alloc-ledger replay
+    alloc-ledger replay --to 1200 --format json
+    """
+    with opened(ctx) as store:
+        try:
+            report = replay_projections(store, to)
+        except OutOfRange as error:
+            raise click.BadParameter(str(error), param_hint="--to") from None
+    emit_object(report.as_dict(), fmt)
+    if not report.ok:
+        count = len(report.differences)
+        raise click.ClickException(
+            f"replay found {count} difference{'s' if count != 1 else ''} "
+            f"with {report.compared_with}"
+        )
+
+
+@click.command()
+@click.option(
+    "--digest", "digest", type=DigestType(),
+    help="A digest saved earlier (from `alloc-ledger digest`): prove the log still extends it.",
+)
+@format_option
+@click.pass_context
+def verify(ctx: click.Context, digest: Digest | None, fmt: str | None) -> None:
+    """Recompute the tamper-evident hash chain over the log and name the first
+    position that does not match. Exit 1 on any mismatch.
+
+    \b
+    alloc-ledger verify
+    alloc-ledger verify --digest "$(cat ledger.digest)"
+    """
+    with opened(ctx) as store:
+        result = verify_chain(store, digest)
+    emit_object(result.as_dict(), fmt)
+    if not result.ok:
+        raise click.ClickException(f"verify failed at position {result.position}: {result.problem}")
+
+
+@click.command()
+@click.option(
+    "--format", "fmt", type=click.Choice(("text", "json")), default="text", show_default=True,
+    help="text: POSITION:HASH alone; json: an object with position, hash and digest.",
+)
+@click.pass_context
+def digest(ctx: click.Context, fmt: str) -> None:
+    """Print the head of the hash chain (POSITION:HASH) to keep elsewhere.
+
+    Later, `alloc-ledger verify --digest POSITION:HASH` proves the log still
+    extends it: nothing up to that position was changed or removed.
+
+    \b
+    alloc-ledger digest > ledger.digest
+    """
+    with opened(ctx) as store:
+        head = current_digest(store)
+    if fmt == "json":
+        click.echo(json.dumps({"position": head.position, "hash": head.hash, "digest": str(head)}))
+    else:
+        click.echo(str(head))
+
+
+@click.command()
+@click.option("--from", "start", type=click.IntRange(min=1), metavar="POSITION",
+              help="First position of the range (default: 1).")
+@click.option("--to", "end", type=click.IntRange(min=0), metavar="POSITION",
+              help="Last position of the range (default: the head).")
+@click.option(
+    "--format", "fmt", type=click.Choice(("table", "json", "jsonl")), default=None,
+    help="table: one table per section; json: one object; jsonl: one finding per line "
+    "with its section (default: table on a terminal, json when piped).",
+)
+@click.pass_context
+def audit(ctx: click.Context, start: int | None, end: int | None, fmt: str | None) -> None:
+    """Report everything unusual in a range of history: rejections, reconnects
+    (how long each allocation was unknown), zombie slots (when each appeared
+    and cleared), addresses held past a stop or remove request, suspect nodes,
+    and nodes going down with what they took with them.
+
+    \b
+    alloc-ledger audit
+    alloc-ledger audit --from 1000 --to 2000 --format json
+    """
+    with opened(ctx) as store:
+        try:
+            report = audit_history(store, start, end)
+        except OutOfRange as error:
+            raise click.BadParameter(str(error)) from None
+    found = report.as_dict()
+    fmt = chosen(fmt)
+    if fmt == "jsonl":
+        for section in SECTIONS:
+            emit([{"section": section} | row for row in found[section]],
+                 ("section",) + AUDIT_COLUMNS[section], "jsonl")
+    elif fmt == "json":
+        emit_object(found, "json")
+    else:
+        _print_sections(found)
+
+
+def _print_sections(found: dict[str, Any]) -> None:
+    summary = {k: v for k, v in found.items() if k not in SECTIONS}
+    emit_object(summary, "table")
+    for section in SECTIONS:
+        rows = found[section]
+        click.echo(f"\n{section.replace('_', ' ')} ({len(rows)}):")
+        emit(rows, AUDIT_COLUMNS[section], "table")
+
+
+COMMANDS = [replay, verify, digest, audit]

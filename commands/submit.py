@@ -97,7 +97,7 @@ def _open(source: str) -> IO[bytes]:
     if source == "-":
         return sys.stdin.buffer
     try:
-        return open(source, "rb")  # noqa: SIM115 - read by a thread until the end
+        return open(source, "rb")
     except OSError as error:
         raise click.BadParameter(f"cannot read {source}: {error.strerror}") from None
 

@@ -10,13 +10,13 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, Self
 
-from ledger import events
-from ledger.domain import AlreadyPlaced, Cluster, touched_by
 from eventsourcing.persistence import StoredEvent
 
+from ledger import events
 from ledger.chain import GENESIS, link
+from ledger.domain import AlreadyPlaced, Cluster, touched_by
 from ledger.errors import InvalidEvent, LedgerError, RuleViolation
 from ledger.events import Event
 from ledger.model import Fact
@@ -25,7 +25,7 @@ from ledger.store import Store, open_store
 from projections.projector import Projector
 from projections.rows import Statements, TableSource, write_changes
 
-Submission = Event | dict[str, Any] | str | bytes
+Submission = dict[str, Any] | str | bytes
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,7 +66,7 @@ class Ledger:
     def close(self) -> None:
         self.store.close()
 
-    def __enter__(self) -> Ledger:
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -89,7 +89,7 @@ class Ledger:
 
     def submit_batch(self, items: list[Submission]) -> list[Receipt]:
         """Validate, decide and append a batch in one transaction."""
-        parsed: list[tuple[Event, dict[str, Any]] | Receipt] = [self._parse(i) for i in items]
+        parsed: list[Event | Receipt] = [self._parse(i) for i in items]
         valid = [p for p in parsed if not isinstance(p, Receipt)]
         if not valid:
             return [p for p in parsed if isinstance(p, Receipt)]
@@ -104,37 +104,39 @@ class Ledger:
         return [p if isinstance(p, Receipt) else next(answers) for p in parsed]
 
     @staticmethod
-    def _parse(item: Submission) -> tuple[Event, dict[str, Any]] | Receipt:
+    def _parse(item: Submission) -> Event | Receipt:
         try:
             return events.received(item)
         except InvalidEvent as error:
             return Receipt("invalid", error=str(error))
 
-    def _decide(self, cursor: Any, batch: list[tuple[Event, dict[str, Any]]]) -> list[Receipt]:
+    def _decide(self, cursor: Any, batch: list[Event]) -> list[Receipt]:
         head = self.store.head(cursor)
         self.source.cursor = cursor
         if head != self._head:
             self.cluster.forget()  # another process wrote since we last did
-        known = self.store.known_ids(cursor, [e.id for e, _ in batch if e.id is not None])
+        known = self.store.known_ids(cursor, [e["id"] for e in batch if "id" in e])
         moment = now()
         recorded_at = events.timestamp(moment)
         receipts: list[Receipt] = []
         kept = []
         new_ids = []
-        for event, data in batch:
-            if event.id is not None and event.id in known:
-                receipts.append(Receipt("duplicate", known[event.id]))
+        for event in batch:
+            ident = event.get("id")
+            if ident is not None and ident in known:
+                receipts.append(Receipt("duplicate", known[ident]))
                 continue
-            data["at"] = recorded_at if event.at is None else events.timestamp(event.at)
-            record = self._record(event, data, head + 1, recorded_at)
+            at = event.get("at")
+            event["at"] = recorded_at if at is None else events.timestamp(at)
+            record = self._record(event, head + 1, recorded_at)
             if isinstance(record, Receipt):
                 receipts.append(record)
                 continue
             head = record.position
             kept.append(encode(record))
-            if event.id is not None:
-                known[event.id] = head
-                new_ids.append((event.id, head))
+            if ident is not None:
+                known[ident] = head
+                new_ids.append((ident, head))
             if record.rejected:
                 receipts.append(Receipt("rejected", head, record.reason))
             else:
@@ -147,21 +149,19 @@ class Ledger:
         self._head = head
         return receipts
 
-    def _record(
-        self, event: Event, data: dict[str, Any], position: int, recorded_at: str
-    ) -> Record | Receipt:
-        fact = Fact(position, data["at"])
+    def _record(self, event: Event, position: int, recorded_at: str) -> Record | Receipt:
+        fact = Fact(position, event["at"])
         try:
             touches = self.cluster.apply(event, fact)
         except AlreadyPlaced as same:
             return Receipt("duplicate", same.position)
         except RuleViolation as violation:
-            self.cluster.reject(data, str(violation), fact)
-            related = self._effects(data, self.cluster.related(data))
-            return Record(position, REJECTED, data, recorded_at, related, str(violation))
-        own = (data.get("node"), data.get("alloc"))
-        effects = [] if all(t in own for t in touches) else self._effects(data, touches)
-        return Record(position, event.type, data, recorded_at, effects)  # type: ignore[attr-defined]
+            self.cluster.reject(event, str(violation), fact)
+            related = self._effects(event, self.cluster.related(event))
+            return Record(position, REJECTED, event, recorded_at, related, str(violation))
+        own = (event.get("node"), event.get("alloc"))
+        effects = [] if all(t in own for t in touches) else self._effects(event, touches)
+        return Record(position, event["type"], event, recorded_at, effects)
 
     @staticmethod
     def _effects(data: dict[str, Any], touches: list[str]) -> list[str]:

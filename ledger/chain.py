@@ -63,9 +63,9 @@ class Digest:
 class Verification:
     """What recomputing the chain found."""
 
-    head: int  # the last position checked
-    hash: str  # the recomputed hash at ``head`` (or up to the first break)
-    events: int
+    head: int  # the log's head
+    verified: int  # the last position that matches (``head`` when all do)
+    hash: str  # the recomputed hash at ``verified``
     seconds: float
     position: int | None = None  # the first position that does not match
     problem: str | None = None
@@ -77,14 +77,14 @@ class Verification:
 
     @property
     def events_per_second(self) -> float:
-        return round(self.events / self.seconds, 1) if self.seconds > 0 else 0.0
+        return round(self.verified / self.seconds, 1) if self.seconds > 0 else 0.0
 
     def as_dict(self) -> dict[str, Any]:
         return {
             "ok": self.ok,
             "head": self.head,
+            "verified": self.verified,
             "hash": self.hash,
-            "events": self.events,
             "seconds": round(self.seconds, 3),
             "events_per_second": self.events_per_second,
             "digest": None if self.digest is None else str(self.digest),
@@ -204,10 +204,9 @@ def verify(store: Store, digest: Digest | None = None) -> Verification:
         found = check.run(events, kept_hashes(store, cursor))
     seconds = time.perf_counter() - started
     if found is None:
-        return Verification(head, check.previous, check.checked, seconds, digest=digest)
+        return Verification(head, check.checked, check.previous, seconds, digest=digest)
     return Verification(
-        check.checked, check.previous, check.checked, seconds, found.position,
-        found.problem, digest,
+        head, check.checked, check.previous, seconds, found.position, found.problem, digest
     )
 
 

@@ -15,22 +15,7 @@ from dataclasses import astuple, dataclass, field
 from typing import Any, Protocol
 
 from ledger import errors
-from ledger.errors import RuleViolation
-from ledger.events import (
-    AllocPlaced,
-    AllocRemoved,
-    AllocRemoveRequested,
-    AllocStopRequested,
-    AllocUpdated,
-    Event,
-    HealthChecked,
-    Heartbeat,
-    HeartbeatMissed,
-    NodeDown,
-    NodeRegistered,
-    NodeRemoved,
-    NodeSuspected,
-)
+from ledger.events import Event
 from ledger.model import (
     DESIRED_ORDER,
     LIVE,
@@ -120,18 +105,18 @@ class Cluster:
         self._rejections: list[Rejection] = []
         self._touched: list[str] = []
         self._handlers: dict[str, Callable[[Event, Fact], None]] = {
-            "node-registered": self.register_node,  # type: ignore[dict-item]
-            "heartbeat": self.heartbeat,  # type: ignore[dict-item]
-            "heartbeat-missed": self.miss_heartbeat,  # type: ignore[dict-item]
-            "node-down": self.mark_down,  # type: ignore[dict-item]
-            "node-removed": self.remove_node,  # type: ignore[dict-item]
-            "node-suspected": self.suspect,  # type: ignore[dict-item]
-            "health-checked": self.check_health,  # type: ignore[dict-item]
-            "alloc-placed": self.place,  # type: ignore[dict-item]
-            "alloc-updated": self.report_status,  # type: ignore[dict-item]
-            "alloc-stop-requested": self.request_stop,  # type: ignore[dict-item]
-            "alloc-remove-requested": self.request_remove,  # type: ignore[dict-item]
-            "alloc-removed": self.reap,  # type: ignore[dict-item]
+            "node-registered": self.register_node,
+            "heartbeat": self.heartbeat,
+            "heartbeat-missed": self.miss_heartbeat,
+            "node-down": self.mark_down,
+            "node-removed": self.remove_node,
+            "node-suspected": self.suspect,
+            "health-checked": self.check_health,
+            "alloc-placed": self.place,
+            "alloc-updated": self.report_status,
+            "alloc-stop-requested": self.request_stop,
+            "alloc-remove-requested": self.request_remove,
+            "alloc-removed": self.reap,
         }
 
     # -- the one entry point -------------------------------------------------
@@ -142,7 +127,7 @@ class Cluster:
         Raises ``RuleViolation`` (nothing changed) or ``AlreadyPlaced``.
         """
         self._touched = []
-        self._handlers[event.type](event, fact)  # type: ignore[attr-defined]
+        self._handlers[event["type"]](event, fact)
         return self._touched
 
     def reject(self, event: dict[str, object], reason: str, fact: Fact) -> None:
@@ -229,48 +214,48 @@ class Cluster:
             raise errors.AllocationRemoved(alloc_id)
         return alloc
 
-    def check_slot_report(self, node: Node, event: Heartbeat) -> None:
+    def check_slot_report(self, node: Node, event: Event) -> None:
         seen: set[int] = set()
-        for entry in event.slots or ():
-            if entry.slot >= node.slots:
+        for entry in event.get("slots") or ():
+            if entry["slot"] >= node.slots:
                 raise errors.SlotReportInvalid(
-                    f"slot report names slot {node.node}#{entry.slot}, "
+                    f"slot report names slot {node.node}#{entry['slot']}, "
                     f"but node {node.node} has {node.slots} slots"
                 )
-            if entry.slot in seen:
+            if entry["slot"] in seen:
                 raise errors.SlotReportInvalid(
-                    f"slot report lists slot {node.node}#{entry.slot} twice"
+                    f"slot report lists slot {node.node}#{entry['slot']} twice"
                 )
-            seen.add(entry.slot)
+            seen.add(entry["slot"])
 
-    def check_can_place(self, event: AllocPlaced) -> Node:
-        existing = self.alloc(event.alloc)
+    def check_can_place(self, event: Event) -> Node:
+        existing = self.alloc(event["alloc"])
         if existing is not None:
             self.check_new_allocation(existing, event)
-        node = self.check_node_exists(event.node)
+        node = self.check_node_exists(event["node"])
         if node.status != "ready":
             raise errors.NodeNotReady(node.node, node.status)
         if node.health == "suspect":
             raise errors.NodeSuspect(node.node)
-        if event.slot is not None:
-            if event.slot >= node.slots:
-                raise errors.SlotOutOfRange(node.node, event.slot, node.slots)
-            holder = self.slot_table(node.node)[event.slot].alloc
+        if event.get("slot") is not None:
+            if event.get("slot") >= node.slots:
+                raise errors.SlotOutOfRange(node.node, event.get("slot"), node.slots)
+            holder = self.slot_table(node.node)[event.get("slot")].alloc
             if holder is not None:
-                raise errors.SlotHeld(node.node, event.slot, holder)
-        for address in event.addresses or ():
+                raise errors.SlotHeld(node.node, event.get("slot"), holder)
+        for address in event.get("addresses") or ():
             hold = self.address(address)
             if hold is not None:
                 raise errors.AddressHeld(address, hold.alloc)
         return node
 
-    def check_new_allocation(self, existing: Allocation, event: AllocPlaced) -> None:
+    def check_new_allocation(self, existing: Allocation, event: Event) -> None:
         wanted = (
-            event.node,
-            event.slot,
-            event.job,
-            tuple(event.addresses or ()),
-            event.max_disconnect,
+            event["node"],
+            event.get("slot"),
+            event.get("job"),
+            tuple(event.get("addresses") or ()),
+            event.get("max_disconnect"),
         )
         if existing.placement() == wanted:
             raise AlreadyPlaced(existing.placed_position)
@@ -306,21 +291,21 @@ class Cluster:
 
     # -- handlers: one per event type ----------------------------------------
 
-    def register_node(self, event: NodeRegistered, fact: Fact) -> None:
-        if self.node(event.node) is not None:
-            raise errors.NodeAlreadyRegistered(event.node)
-        if event.parent is not None:
-            parent = self.node(event.parent)
+    def register_node(self, event: Event, fact: Fact) -> None:
+        if self.node(event["node"]) is not None:
+            raise errors.NodeAlreadyRegistered(event["node"])
+        if event.get("parent") is not None:
+            parent = self.node(event.get("parent"))
             if parent is None:
-                raise errors.ParentUnavailable(event.parent, "not registered")
+                raise errors.ParentUnavailable(event.get("parent"), "not registered")
             if parent.status in ("down", "removed"):
-                raise errors.ParentUnavailable(event.parent, parent.status)
-            self.child_nodes(event.parent).add(event.node)
-            self._touch(event.parent)
+                raise errors.ParentUnavailable(event.get("parent"), parent.status)
+            self.child_nodes(event.get("parent")).add(event["node"])
+            self._touch(event.get("parent"))
         node = Node(
-            event.node,
-            event.slots,
-            event.parent,
+            event["node"],
+            event["slots"],
+            event.get("parent"),
             since_position=fact.position,
             registered_position=fact.position,
         )
@@ -328,15 +313,15 @@ class Cluster:
         self.live[node.node] = set()
         self.children[node.node] = set()
         self.slot_tables[node.node] = [
-            Slot(node.node, index, since_position=fact.position) for index in range(event.slots)
+            Slot(node.node, index, since_position=fact.position) for index in range(event["slots"])
         ]
         for slot in self.slot_tables[node.node]:
             self._dirty_slots[(node.node, slot.slot)] = slot
         self._changed_node(node)
 
-    def heartbeat(self, event: Heartbeat, fact: Fact) -> None:
-        node = self.check_node_exists(event.node)
-        if event.slots is not None:
+    def heartbeat(self, event: Event, fact: Fact) -> None:
+        node = self.check_node_exists(event["node"])
+        if event.get("slots") is not None:
             self.check_slot_report(node, event)
         if node.status == "disconnected" or node.status == "initializing":
             waiting = self.awaits_reconnect(node)
@@ -346,15 +331,15 @@ class Cluster:
         node.last_heartbeat_at = fact.at
         node.last_heartbeat_position = fact.position
         self._changed_node(node)
-        if event.slots is not None:
-            reported = {entry.slot: entry.alloc for entry in event.slots}
+        if event.get("slots") is not None:
+            reported = {entry["slot"]: entry["alloc"] for entry in event.get("slots")}
             for slot in self.slot_table(node.node):
                 slot.reported_alloc = reported.get(slot.slot)
                 slot.reported_position = fact.position
                 self._changed_slot(slot, touch=False)
 
-    def miss_heartbeat(self, event: HeartbeatMissed, fact: Fact) -> None:
-        node = self.check_node_exists(event.node)
+    def miss_heartbeat(self, event: Event, fact: Fact) -> None:
+        node = self.check_node_exists(event["node"])
         if node.status not in ("ready", "initializing"):
             return
         live = [self._live_alloc(alloc_id) for alloc_id in sorted(self.live_allocs(node.node))]
@@ -370,22 +355,22 @@ class Cluster:
             else:
                 self._lose(alloc, fact)
 
-    def mark_down(self, event: NodeDown, fact: Fact) -> None:
-        node = self.check_node_exists(event.node)
+    def mark_down(self, event: Event, fact: Fact) -> None:
+        node = self.check_node_exists(event["node"])
         if node.status != "down":
-            self._take_down(node, event.reason, fact)
+            self._take_down(node, event.get("reason"), fact)
 
-    def remove_node(self, event: NodeRemoved, fact: Fact) -> None:
-        node = self.check_node_exists(event.node)
+    def remove_node(self, event: Event, fact: Fact) -> None:
+        node = self.check_node_exists(event["node"])
         self._take_down(node, node.reason if node.status == "down" else None, fact, "removed")
 
-    def suspect(self, event: NodeSuspected, fact: Fact) -> None:
-        node = self.check_node_exists(event.node)
-        self._set_suspect(node, event.reason, fact)
+    def suspect(self, event: Event, fact: Fact) -> None:
+        node = self.check_node_exists(event["node"])
+        self._set_suspect(node, event.get("reason"), fact)
 
-    def check_health(self, event: HealthChecked, fact: Fact) -> None:
-        node = self.check_node_exists(event.node)
-        if event.passed:
+    def check_health(self, event: Event, fact: Fact) -> None:
+        node = self.check_node_exists(event["node"])
+        if event["passed"]:
             if node.health != "ok":
                 node.health = "ok"
                 node.since_position = fact.position
@@ -395,23 +380,23 @@ class Cluster:
         elif node.status != "down":
             self._take_down(node, "health check failed", fact)
 
-    def place(self, event: AllocPlaced, fact: Fact) -> None:
+    def place(self, event: Event, fact: Fact) -> None:
         node = self.check_can_place(event)
         alloc = Allocation(
-            event.alloc,
+            event["alloc"],
             node.node,
-            event.job,
-            event.slot,
-            list(event.addresses or ()),
-            event.max_disconnect,
+            event.get("job"),
+            event.get("slot"),
+            list(event.get("addresses") or ()),
+            event.get("max_disconnect"),
             placed_position=fact.position,
             updated_position=fact.position,
         )
         self.allocs[alloc.alloc] = alloc
         self.live_allocs(node.node).add(alloc.alloc)
         node.allocs += 1
-        if event.slot is not None:
-            slot = self.slot_table(node.node)[event.slot]
+        if event.get("slot") is not None:
+            slot = self.slot_table(node.node)[event.get("slot")]
             slot.alloc = alloc.alloc
             slot.state = "allocated"
             slot.since_position = fact.position
@@ -425,42 +410,42 @@ class Cluster:
         self._changed_node(node)
         self._changed_alloc(alloc)
 
-    def report_status(self, event: AllocUpdated, fact: Fact) -> None:
-        alloc = self.check_alloc_exists(event.alloc)
+    def report_status(self, event: Event, fact: Fact) -> None:
+        alloc = self.check_alloc_exists(event["alloc"])
         node = self.check_node_may_update(alloc)
         self._touch(node.node)
         if alloc.needs_reconnect:
             alloc.needs_reconnect = False
-            self._add_state(alloc, event.client_status, fact)
+            self._add_state(alloc, event["client_status"], fact)
         if node.status == "initializing":
             self._set_status(node, "ready", fact)
-        alloc.client_status = event.client_status
+        alloc.client_status = event["client_status"]
         alloc.updated_position = fact.position
         self._changed_alloc(alloc)
         if alloc.terminal:
             self._release(alloc, fact)
         elif alloc.slot is not None:
             slot = self.slot_table(alloc.node)[alloc.slot]
-            state = "active" if event.client_status == "running" else "allocated"
+            state = "active" if event["client_status"] == "running" else "allocated"
             if slot.state != state:
                 slot.state = state
                 slot.since_position = fact.position
                 self._changed_slot(slot)
-        if event.client_status == "failed" and event.blame == "node":
+        if event["client_status"] == "failed" and event["blame"] == "node":
             self._set_suspect(node, f"allocation {alloc.alloc} failed", fact)
 
-    def request_stop(self, event: AllocStopRequested, fact: Fact) -> None:
-        alloc = self.check_alloc_exists(event.alloc)
+    def request_stop(self, event: Event, fact: Fact) -> None:
+        alloc = self.check_alloc_exists(event["alloc"])
         if alloc.desired_status == "remove":
             raise errors.DesiredStatusBackwards(alloc.alloc, "remove", "stop")
         self._set_desired(alloc, "stop", fact)
 
-    def request_remove(self, event: AllocRemoveRequested, fact: Fact) -> None:
-        alloc = self.check_alloc_exists(event.alloc)
+    def request_remove(self, event: Event, fact: Fact) -> None:
+        alloc = self.check_alloc_exists(event["alloc"])
         self._set_desired(alloc, "remove", fact)
 
-    def reap(self, event: AllocRemoved, fact: Fact) -> None:
-        alloc = self.check_alloc_exists(event.alloc)
+    def reap(self, event: Event, fact: Fact) -> None:
+        alloc = self.check_alloc_exists(event["alloc"])
         self.check_may_remove(alloc)
         alloc.removed = True
         alloc.updated_position = fact.position

@@ -1,146 +1,183 @@
-"""The event vocabulary (SPEC section 2) as pydantic v2 models.
+"""The event vocabulary (SPEC section 2), validated with pydantic v2.
 
-Every event is validated strictly: unknown fields, wrong types and unknown
-``type`` values are invalid, and the error names the field.
+Each event type is a ``TypedDict`` that pydantic validates strictly: unknown
+fields, wrong types and unknown ``type`` values are invalid, and the error
+names the field. A validated event *is* a dict, which is also how it is
+kept and how the domain reads it, so nothing is converted twice. Tools can
+build events with the same classes: ``Heartbeat(type="heartbeat", node="n1")``.
+Optional fields may be left out or given as ``null``.
 """
 
 from __future__ import annotations
 
 import json
+from datetime import UTC, datetime, timedelta
+from typing import Annotated, Any, Literal, Union, get_type_hints
 
 import orjson
-from types import SimpleNamespace
-from datetime import UTC, datetime, timedelta
-from typing import Annotated, Any, Literal, Union
-
 from pydantic import (
     AfterValidator,
     AwareDatetime,
-    BaseModel,
     ConfigDict,
     Field,
     TypeAdapter,
     ValidationError,
+    with_config,
 )
+from typing_extensions import NotRequired, TypedDict
 
 from ledger.errors import InvalidEvent
 
 MAX_SLOTS = 1024
-
+STRICT = ConfigDict(extra="forbid", strict=True)
 
 Name = Annotated[str, Field(min_length=1, max_length=128)]
 # '#' separates node and slot (n1#0), so a node name may not contain it.
 NodeName = Annotated[str, Field(min_length=1, max_length=128, pattern=r"^[^#]+$")]
 Address = Annotated[str, Field(min_length=1, max_length=256)]
 SlotIndex = Annotated[int, Field(ge=0, lt=MAX_SLOTS)]
+Text = Annotated[str, Field(max_length=1024)]
 
 
-def _unique(values: list[str]) -> list[str]:
+def _unique(values: list[str] | None) -> list[str] | None:
     seen: set[str] = set()
-    for value in values:
+    for value in values or ():
         if value in seen:
             raise ValueError(f"address {value} is listed twice")
         seen.add(value)
     return values
 
 
-class Event(BaseModel):
-    """The envelope every event carries."""
-
-    model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
-
-    id: Name | None = None
-    at: AwareDatetime | None = None
-    source: Annotated[str, Field(max_length=1024)] | None = None
-
-    @property
-    def entity(self) -> str:
-        """The entity the event is about: its node or its allocation."""
-        return str(getattr(self, "alloc", None) or getattr(self, "node"))
-
-
-class SlotReport(BaseModel):
-    model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
-
+@with_config(STRICT)
+class SlotReport(TypedDict):
     slot: SlotIndex
     alloc: Name | None
 
 
-class NodeRegistered(Event):
+# Every event also carries the envelope: id, at, source (all optional).
+@with_config(STRICT)
+class NodeRegistered(TypedDict):
     type: Literal["node-registered"]
     node: NodeName
-    slots: Annotated[int, Field(ge=0, le=MAX_SLOTS)] = 0
-    parent: NodeName | None = None
+    slots: NotRequired[Annotated[int, Field(ge=0, le=MAX_SLOTS)] | None]
+    parent: NotRequired[NodeName | None]
+    id: NotRequired[Name | None]
+    at: NotRequired[AwareDatetime | None]
+    source: NotRequired[Text | None]
 
 
-class Heartbeat(Event):
+@with_config(STRICT)
+class Heartbeat(TypedDict):
     type: Literal["heartbeat"]
     node: NodeName
-    slots: list[SlotReport] | None = None
+    slots: NotRequired[list[SlotReport] | None]
+    id: NotRequired[Name | None]
+    at: NotRequired[AwareDatetime | None]
+    source: NotRequired[Text | None]
 
 
-class HeartbeatMissed(Event):
+@with_config(STRICT)
+class HeartbeatMissed(TypedDict):
     type: Literal["heartbeat-missed"]
     node: NodeName
+    id: NotRequired[Name | None]
+    at: NotRequired[AwareDatetime | None]
+    source: NotRequired[Text | None]
 
 
-class NodeDown(Event):
+@with_config(STRICT)
+class NodeDown(TypedDict):
     type: Literal["node-down"]
     node: NodeName
-    reason: Annotated[str, Field(max_length=1024)] | None = None
+    reason: NotRequired[Text | None]
+    id: NotRequired[Name | None]
+    at: NotRequired[AwareDatetime | None]
+    source: NotRequired[Text | None]
 
 
-class NodeRemoved(Event):
+@with_config(STRICT)
+class NodeRemoved(TypedDict):
     type: Literal["node-removed"]
     node: NodeName
+    id: NotRequired[Name | None]
+    at: NotRequired[AwareDatetime | None]
+    source: NotRequired[Text | None]
 
 
-class NodeSuspected(Event):
+@with_config(STRICT)
+class NodeSuspected(TypedDict):
     type: Literal["node-suspected"]
     node: NodeName
     reason: Annotated[str, Field(min_length=1, max_length=1024)]
+    id: NotRequired[Name | None]
+    at: NotRequired[AwareDatetime | None]
+    source: NotRequired[Text | None]
 
 
-class HealthChecked(Event):
+@with_config(STRICT)
+class HealthChecked(TypedDict):
     type: Literal["health-checked"]
     node: NodeName
     passed: bool
+    id: NotRequired[Name | None]
+    at: NotRequired[AwareDatetime | None]
+    source: NotRequired[Text | None]
 
 
-class AllocPlaced(Event):
+@with_config(STRICT)
+class AllocPlaced(TypedDict):
     type: Literal["alloc-placed"]
     alloc: Name
     node: NodeName
-    job: Name | None = None
-    slot: SlotIndex | None = None
-    addresses: Annotated[list[Address], AfterValidator(_unique)] | None = None
-    max_disconnect: Annotated[int, Field(ge=0)] | None = None
+    job: NotRequired[Name | None]
+    slot: NotRequired[SlotIndex | None]
+    addresses: NotRequired[Annotated[list[Address] | None, AfterValidator(_unique)]]
+    max_disconnect: NotRequired[Annotated[int, Field(ge=0)] | None]
+    id: NotRequired[Name | None]
+    at: NotRequired[AwareDatetime | None]
+    source: NotRequired[Text | None]
 
 
-class AllocUpdated(Event):
+@with_config(STRICT)
+class AllocUpdated(TypedDict):
     type: Literal["alloc-updated"]
     alloc: Name
     client_status: Literal["pending", "running", "complete", "failed"]
-    blame: Literal["node", "alloc"] = "node"
+    blame: NotRequired[Literal["node", "alloc"] | None]
+    id: NotRequired[Name | None]
+    at: NotRequired[AwareDatetime | None]
+    source: NotRequired[Text | None]
 
 
-class AllocStopRequested(Event):
+@with_config(STRICT)
+class AllocStopRequested(TypedDict):
     type: Literal["alloc-stop-requested"]
     alloc: Name
+    id: NotRequired[Name | None]
+    at: NotRequired[AwareDatetime | None]
+    source: NotRequired[Text | None]
 
 
-class AllocRemoveRequested(Event):
+@with_config(STRICT)
+class AllocRemoveRequested(TypedDict):
     type: Literal["alloc-remove-requested"]
     alloc: Name
+    id: NotRequired[Name | None]
+    at: NotRequired[AwareDatetime | None]
+    source: NotRequired[Text | None]
 
 
-class AllocRemoved(Event):
+@with_config(STRICT)
+class AllocRemoved(TypedDict):
     type: Literal["alloc-removed"]
     alloc: Name
+    id: NotRequired[Name | None]
+    at: NotRequired[AwareDatetime | None]
+    source: NotRequired[Text | None]
 
 
-EVENT_TYPES: dict[str, type[Event]] = {
-    model.model_fields["type"].annotation.__args__[0]: model  # type: ignore[union-attr]
+EVENT_TYPES: dict[str, Any] = {
+    get_type_hints(model)["type"].__args__[0]: model
     for model in (
         NodeRegistered,
         Heartbeat,
@@ -156,12 +193,19 @@ EVENT_TYPES: dict[str, type[Event]] = {
         AllocRemoved,
     )
 }
+DEFAULTS: dict[str, dict[str, Any]] = {
+    "node-registered": {"slots": 0},
+    "alloc-updated": {"blame": "node"},
+}
+
+# A kept event: validated, defaults filled, no nulls at the top, ``at`` as text.
+Event = dict[str, Any]
 
 AnyEvent = Annotated[
     Union[tuple(EVENT_TYPES.values())],  # type: ignore[valid-type]  # noqa: UP007
     Field(discriminator="type"),
 ]
-_adapter: TypeAdapter[Event] = TypeAdapter(AnyEvent)
+_adapter: TypeAdapter[dict[str, Any]] = TypeAdapter(AnyEvent)
 
 
 def json_schema() -> dict[str, Any]:
@@ -192,7 +236,7 @@ def describe(error: ValidationError) -> str:
             parts.append("missing field 'type'")
         elif kind == "string_pattern_mismatch":
             parts.append(f"field '{field}': must not contain '#' (it separates node and slot)")
-        elif kind in ("model_type", "model_attributes_type") and not field:
+        elif kind in ("model_type", "dict_type", "model_attributes_type") and not field:
             parts.append("an event must be a JSON object")
         else:
             msg = item["msg"].replace("Value error, ", "")
@@ -200,41 +244,40 @@ def describe(error: ValidationError) -> str:
     return "; ".join(parts)
 
 
-def parse(data: str | bytes | dict[str, Any]) -> Event:
-    """Validate one event from a JSON text or a dict; raise InvalidEvent."""
-    return received(data)[0]
-
-
-def received(data: str | bytes | dict[str, Any] | Event) -> tuple[Event, dict[str, Any]]:
-    """Validate one event; return it with the fields it will be kept with
-    (as given, defaults filled, no top-level nulls, ``at`` still to be set)."""
-    if isinstance(data, Event):
-        fields = data.model_dump(mode="json")
-    else:
-        if isinstance(data, dict):
-            try:
-                # Through JSON, so a dict means what the same JSON line would mean.
-                data = orjson.dumps(data)
-            except TypeError as error:
-                raise InvalidEvent(f"not an event: {error}") from None
+def received(data: str | bytes | dict[str, Any]) -> Event:
+    """Validate one event (JSON text, or a dict read as that JSON would be);
+    return it as it will be kept, but for ``at``, which stays a datetime or
+    absent until the ledger stamps it. Raise ``InvalidEvent``."""
+    if isinstance(data, dict):
         try:
-            event = _adapter.validate_json(data)
-        except ValidationError as error:
-            if error.error_count() == 1 and error.errors()[0]["type"] == "json_invalid":
-                raise InvalidEvent(f"not valid JSON: {error.errors()[0]['ctx']['error']}") from None
-            raise InvalidEvent(describe(error)) from None
-        except (ValueError, RecursionError) as error:  # pragma: no cover - defensive
-            raise InvalidEvent(f"not a valid event: {error}") from None
-        fields = orjson.loads(data)  # valid JSON: validation just read it
-        data = event
-    kept = _KEPT_DEFAULTS[fields["type"]] | {k: v for k, v in fields.items() if v is not None}
-    return data, kept
+            data = orjson.dumps(data)
+        except TypeError as error:
+            raise InvalidEvent(f"not an event: {error}") from None
+    try:
+        event = _adapter.validate_json(data)
+    except ValidationError as error:
+        if error.error_count() == 1 and error.errors()[0]["type"] == "json_invalid":
+            raise InvalidEvent(f"not valid JSON: {error.errors()[0]['ctx']['error']}") from None
+        raise InvalidEvent(describe(error)) from None
+    except (ValueError, RecursionError) as error:  # pragma: no cover - defensive
+        raise InvalidEvent(f"not a valid event: {error}") from None
+    if None in event.values():
+        event = {k: v for k, v in event.items() if v is not None}
+    defaults = DEFAULTS.get(event["type"])
+    return event if defaults is None else defaults | event
+
+
+def parse(data: str | bytes | dict[str, Any]) -> Event:
+    """Validate one event and stamp ``at`` with now when it has none."""
+    event = received(data)
+    event["at"] = timestamp(event.get("at") or datetime.now(UTC))
+    return event
 
 
 def field_types(event_type: str) -> dict[str, Any]:
     """The fields a type accepts (for building an event from CLI flags)."""
-    model = EVENT_TYPES[event_type]
-    return {name: info.annotation for name, info in model.model_fields.items() if name != "type"}
+    hints = get_type_hints(EVENT_TYPES[event_type], include_extras=True)
+    return {name: hint for name, hint in hints.items() if name != "type"}
 
 
 def from_flags(event_type: str, flags: dict[str, str]) -> Event:
@@ -253,19 +296,12 @@ def from_flags(event_type: str, flags: dict[str, str]) -> Event:
             data[name] = json.loads(text)
         except ValueError:
             data[name] = text  # let validation name the field and the type
-    return parse(data)
+    return received(data)
 
 
 def _is_text(annotation: Any) -> bool:
     text = repr(annotation)
     return ("str" in text or "datetime" in text) and "list" not in text and "bool" not in text
-
-
-def canonical(event: Event, at: datetime) -> dict[str, Any]:
-    """The event as it is kept: defaults filled, ``at`` set, no nulls."""
-    data = received(event)[1]
-    data["at"] = timestamp(at if event.at is None else event.at)
-    return data
 
 
 def timestamp(moment: datetime) -> str:
@@ -276,30 +312,3 @@ def timestamp(moment: datetime) -> str:
 
 
 _ZERO = timedelta(0)
-
-
-_KEPT_DEFAULTS: dict[str, dict[str, Any]] = {
-    name: {
-        f: info.default
-        for f, info in model.model_fields.items()
-        if not info.is_required() and info.default is not None
-    }
-    for name, model in EVENT_TYPES.items()
-}
-_DEFAULTS: dict[str, dict[str, Any]] = {
-    name: {f: info.default for f, info in model.model_fields.items() if not info.is_required()}
-    for name, model in EVENT_TYPES.items()
-}
-
-
-def restore(data: dict[str, Any]) -> Event:
-    """Rebuild a stored (already validated) event without validating again.
-
-    Replays run this for every kept event, so it builds a plain namespace with
-    the model's attributes and defaults rather than a pydantic model."""
-    fields = _DEFAULTS[data["type"]] | data
-    if fields.get("slots") and data["type"] == "heartbeat":
-        fields["slots"] = [
-            SimpleNamespace(slot=item["slot"], alloc=item.get("alloc")) for item in fields["slots"]
-        ]
-    return SimpleNamespace(**fields)  # type: ignore[return-value]

@@ -23,7 +23,7 @@ import re
 import threading
 import zlib
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from typing import Any, NoReturn
 from urllib.parse import SplitResult, unquote
 
@@ -204,16 +204,22 @@ class PostgresStore:
     # -- transactions --------------------------------------------------------
 
     @contextmanager
-    def _transaction(self, prepare: Callable[[Any], None]) -> Iterator[Any]:
+    def _transaction(self, prepare: Callable[[Any], None], pipelined: bool = False) -> Iterator[Any]:
+        """One transaction on a pooled connection; ``pipelined``: statements whose
+        results are not read are sent without waiting (psycopg pipeline mode),
+        so a write transaction costs a round trip per read, not per statement."""
         try:
-            with self.datastore.get_connection() as connection, connection.transaction():
-                cursor = connection.cursor(row_factory=tuple_row)
-                prepare(cursor)
-                self._local.cursor = cursor
-                try:
-                    yield cursor
-                finally:
-                    self._local.cursor = None
+            with self.datastore.get_connection() as connection:
+                with connection.pipeline() if pipelined else nullcontext():
+                    with connection.transaction():
+                        cursor = connection.cursor(row_factory=tuple_row)
+                        prepare(cursor)
+                        self._local.cursor = cursor
+                        try:
+                            yield cursor
+                        finally:
+                            self._local.cursor = None
+                            self._local.last = None
         except psycopg.Error as error:
             raise StoreUnavailable(f"store {self.shown}: {describe(error)}") from None
         except PersistenceError as error:
@@ -221,11 +227,11 @@ class PostgresStore:
 
     def writing(self) -> Any:
         """A write transaction: the log's EXCLUSIVE lock first, then everything else."""
-        return self._transaction(self._lock_log)
+        return self._transaction(self._lock_log, pipelined=True)
 
     def projecting(self) -> Any:
         """A transaction for the projection tables: the tracking row locked, never the log."""
-        return self._transaction(self._lock_tracking)
+        return self._transaction(self._lock_tracking, pipelined=True)
 
     def reading(self) -> Any:
         """A read-only transaction with one snapshot."""
@@ -249,17 +255,26 @@ class PostgresStore:
     # -- the log -------------------------------------------------------------
 
     def head(self, cursor: Any) -> int:
+        """The last position, read together with its chain hash (the next append needs it)."""
         cursor.execute(
-            "SELECT MAX(originator_version) FROM stored_events WHERE originator_id = %s",
+            "SELECT last, (SELECT hash FROM event_hashes WHERE position = last) FROM "
+            "(SELECT MAX(originator_version) AS last FROM stored_events "
+            "WHERE originator_id = %s) head",
             (self.stream,),
         )
-        return int(cursor.fetchone()[0] or 0)
+        last, chain_hash = cursor.fetchone()
+        self._local.last = (last or 0, chain_hash)
+        return int(last or 0)
 
     def append(self, cursor: Any, events: list[StoredEvent], hashes: list[tuple[int, str]]) -> None:
         self.recorder._insert_stored_events(cursor.connection.cursor(), events)
         cursor.executemany("INSERT INTO event_hashes (position, hash) VALUES (%s, %s)", hashes)
+        self._local.last = None
 
     def hash_at(self, cursor: Any, position: int) -> str | None:
+        last = getattr(self._local, "last", None)
+        if last is not None and last[0] == position:
+            return None if last[1] is None else str(last[1])
         cursor.execute("SELECT hash FROM event_hashes WHERE position = %s", (position,))
         row = cursor.fetchone()
         return None if row is None else str(row[0])

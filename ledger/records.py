@@ -9,14 +9,13 @@ touched, and for a rejection the reason.
 
 from __future__ import annotations
 
-import orjson
 from dataclasses import dataclass
 from typing import Any
 
+import orjson
 from eventsourcing.persistence import StoredEvent
 
 from ledger.domain import Cluster
-from ledger.events import restore
 from ledger.model import Fact
 from ledger.store import LEDGER_STREAM
 
@@ -72,4 +71,4 @@ def replay(cluster: Cluster, record: Record) -> None:
     if record.rejected:
         cluster.reject(record.event, record.reason or "", record.fact)
     else:
-        cluster.apply(restore(record.event), record.fact)
+        cluster.apply(record.event, record.fact)
