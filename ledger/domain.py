@@ -321,7 +321,8 @@ class Cluster:
 
     def heartbeat(self, event: Event, fact: Fact) -> None:
         node = self.check_node_exists(event["node"])
-        if event.get("slots") is not None:
+        report = event.get("slots")
+        if report is not None:
             self.check_slot_report(node, event)
         if node.status == "disconnected" or node.status == "initializing":
             waiting = self.awaits_reconnect(node)
@@ -331,12 +332,15 @@ class Cluster:
         node.last_heartbeat_at = fact.at
         node.last_heartbeat_position = fact.position
         self._changed_node(node)
-        if event.get("slots") is not None:
-            reported = {entry["slot"]: entry["alloc"] for entry in event.get("slots")}
+        if report is not None:
+            reported = {entry["slot"]: entry["alloc"] for entry in report}
             for slot in self.slot_table(node.node):
-                slot.reported_alloc = reported.get(slot.slot)
-                slot.reported_position = fact.position
-                self._changed_slot(slot, touch=False)
+                value = reported.get(slot.slot)
+                # reported_position says since when the node reports this value
+                if value != slot.reported_alloc or slot.reported_position is None:
+                    slot.reported_alloc = value
+                    slot.reported_position = fact.position
+                    self._changed_slot(slot, touch=False)
 
     def miss_heartbeat(self, event: Event, fact: Fact) -> None:
         node = self.check_node_exists(event["node"])

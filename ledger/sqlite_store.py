@@ -14,11 +14,7 @@ from contextlib import contextmanager
 from typing import Any
 
 from eventsourcing.persistence import PersistenceError, StoredEvent, Tracking
-from eventsourcing.sqlite import (
-    SQLiteAggregateRecorder,
-    SQLiteDatastore,
-    SQLiteProcessRecorder,
-)
+from eventsourcing.sqlite import SQLiteDatastore, SQLiteProcessRecorder
 
 from ledger.errors import StoreUnavailable
 from ledger.store import LEDGER_STREAM, PROJECTIONS
@@ -131,10 +127,14 @@ class SQLiteStore:
         return cursor.fetchone()[0] or 0
 
     def append(self, cursor: Any, events: list[StoredEvent], hashes: list[tuple[int, str]]) -> None:
-        # The aggregate recorder's insert is one executemany; the application
-        # recorder's loops to fetch row ids, which the ledger does not need
-        # (positions are the stream's versions).
-        SQLiteAggregateRecorder._insert_events(self.recorder, cursor, events)
+        # The recorder's own INSERT, in one executemany: its application
+        # recorder loops to fetch row ids the ledger does not need (positions
+        # are the stream's versions), and its aggregate recorder formats the
+        # stream's UUID again for every row.
+        cursor.executemany(
+            self.recorder.insert_events_statement,
+            [(self.stream, e.originator_version, e.topic, e.state) for e in events],
+        )
         cursor.executemany("INSERT INTO event_hashes (position, hash) VALUES (?, ?)", hashes)
 
     def hash_at(self, cursor: Any, position: int) -> str | None:

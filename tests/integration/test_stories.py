@@ -230,7 +230,7 @@ def test_flink_the_completed_f1_is_a_zombie_on_tm1_slot_0(told):
 def test_flink_every_kind_of_zombie(told):
     with told(position_of(FLINK, 2)) as t:
         assert t.q.zombie_slots() == [
-            {"node": "tm1", "slot": 0, "alloc": "f1", "reason": "released", "position": 26},
+            {"node": "tm1", "slot": 0, "alloc": "f1", "reason": "released", "position": 25},
             {"node": "tm1", "slot": 2, "alloc": "f9", "reason": "unknown-alloc", "position": 26},
             {"node": "tm1", "slot": 3, "alloc": "f3", "reason": "moved", "position": 26},
             {"node": "tm1", "slot": 4, "alloc": "f2", "reason": "duplicate", "position": 26},
