@@ -3,6 +3,7 @@ and the one place library errors become one-line messages and exit codes."""
 
 from __future__ import annotations
 
+import importlib
 import os
 import sys
 from typing import Any
@@ -18,7 +19,30 @@ class StoreError(click.ClickException):
     exit_code = 3
 
 
+MODULES = ("submit", "query", "admin", "audit", "demo")
+# Where the commands run one-shot by tools live, so only that module is imported.
+HOME = {"submit": "submit", "query": "query", "project": "admin", "schema": "admin"}
+
+
 class LedgerGroup(click.Group):
+    """Loads command modules on first use (each lists its commands in
+    ``COMMANDS``), so ``submit heartbeat`` does not import the audit or demo."""
+
+    def _load(self, modules: tuple[str, ...]) -> None:
+        for name in modules:
+            module = importlib.import_module(f"commands.{name}")
+            for command in module.COMMANDS:
+                self.add_command(command)
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        if cmd_name not in self.commands:
+            self._load((HOME[cmd_name],) if cmd_name in HOME else MODULES)
+        return self.commands.get(cmd_name)
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        self._load(MODULES)
+        return sorted(self.commands)
+
     def invoke(self, ctx: click.Context) -> Any:
         try:
             return super().invoke(ctx)
@@ -66,18 +90,6 @@ def cli(ctx: click.Context, store: str) -> None:
 
 def store_of(ctx: click.Context) -> str:
     return str(ctx.find_root().obj["store"])
-
-
-def register() -> None:
-    """Every module of ``commands`` lists its commands in ``COMMANDS``."""
-    from commands import admin, audit, demo, query, submit
-
-    for module in (submit, query, admin, audit, demo):
-        for command in module.COMMANDS:
-            cli.add_command(command)
-
-
-register()
 
 
 def main() -> None:

@@ -16,7 +16,7 @@ from click.core import ParameterSource
 from commands.output import emit, emit_object
 from commands.stories import EPILOGUE, STORIES, Ask, Step, Story
 from ledger.application import Ledger, Receipt
-from ledger.events import timestamp
+from ledger.model import timestamp
 from ledger.store import Store
 from projections.history import history
 from projections.queries import COLUMNS, Queries

@@ -11,10 +11,10 @@ import click
 
 from commands.cli import store_of
 from commands.output import chosen, emit, emit_object, format_option
-from ledger.application import Ledger
 from ledger.errors import LedgerError
-from ledger.events import timestamp
+from ledger.model import timestamp
 from ledger.store import open_store
+from projections.projector import Projector
 from projections.asof import AsOf, state_at
 from projections.history import history as history_of
 from projections.queries import COLUMNS, Queries
@@ -73,7 +73,7 @@ def answering(ctx: click.Context, as_of: str | None) -> Iterator[tuple[Queries, 
             yield Queries(connection.cursor()), position
             return
         if ctx.meta.get("query.wait") or store.state_prefix == "":
-            Ledger(store).project()
+            Projector(store).update()
         with store.reading() as cursor:
             lag = store.head(cursor) - store.tracked(cursor)
             if lag > 0 and chosen(ctx.params.get("fmt")) == "table":

@@ -18,8 +18,7 @@ from ledger import events
 from ledger.chain import GENESIS, link
 from ledger.domain import AlreadyPlaced, Cluster, touched_by
 from ledger.errors import InvalidEvent, LedgerError, RuleViolation
-from ledger.events import Event
-from ledger.model import Fact
+from ledger.model import Event, Fact, timestamp
 from ledger.records import REJECTED, Record, encode
 from ledger.store import Store, open_store
 from projections.projector import Projector
@@ -117,7 +116,7 @@ class Ledger:
             self.cluster.forget()  # another process wrote since we last did
         known = self.store.known_ids(cursor, [e["id"] for e in batch if "id" in e])
         moment = now()
-        recorded_at = events.timestamp(moment)
+        recorded_at = timestamp(moment)
         receipts: list[Receipt] = []
         kept = []
         new_ids = []
@@ -127,7 +126,7 @@ class Ledger:
                 receipts.append(Receipt("duplicate", known[ident]))
                 continue
             at = event.get("at")
-            event["at"] = recorded_at if at is None else events.timestamp(at)
+            event["at"] = recorded_at if at is None else timestamp(at)
             record = self._record(event, head + 1, recorded_at)
             if isinstance(record, Receipt):
                 receipts.append(record)
@@ -195,13 +194,7 @@ class Ledger:
 
     def project(self, limit: int | None = None) -> tuple[int, int]:
         """Bring the projection tables up to date; return (from, to) positions."""
-        with self.store.reading() as cursor:
-            start, head = self.store.tracked(cursor), self.store.head(cursor)
-        if start >= head:
-            return start, head
-        with self.store.projecting() as cursor:
-            start = self.store.tracked(cursor)
-            end = self.projector.catch_up(cursor, limit=limit)
+        start, end = self.projector.update(limit)
         self.cluster.forget()
         self._head = None
         return start, end

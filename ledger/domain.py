@@ -15,8 +15,8 @@ from dataclasses import astuple, dataclass, field
 from typing import Any, Protocol
 
 from ledger import errors
-from ledger.events import Event
 from ledger.model import (
+    Event,
     DESIRED_ORDER,
     LIVE,
     AddressHold,

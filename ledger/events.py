@@ -11,7 +11,7 @@ Optional fields may be left out or given as ``null``.
 from __future__ import annotations
 
 import json
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
 from typing import Annotated, Any, Literal, Union, get_type_hints
 
 import orjson
@@ -27,6 +27,7 @@ from pydantic import (
 from typing_extensions import NotRequired, TypedDict
 
 from ledger.errors import InvalidEvent
+from ledger.model import Event, timestamp
 
 MAX_SLOTS = 1024
 STRICT = ConfigDict(extra="forbid", strict=True)
@@ -198,8 +199,6 @@ DEFAULTS: dict[str, dict[str, Any]] = {
     "alloc-updated": {"blame": "node"},
 }
 
-# A kept event: validated, defaults filled, no nulls at the top, ``at`` as text.
-Event = dict[str, Any]
 
 AnyEvent = Annotated[
     Union[tuple(EVENT_TYPES.values())],  # type: ignore[valid-type]  # noqa: UP007
@@ -302,13 +301,3 @@ def from_flags(event_type: str, flags: dict[str, str]) -> Event:
 def _is_text(annotation: Any) -> bool:
     text = repr(annotation)
     return ("str" in text or "datetime" in text) and "list" not in text and "bool" not in text
-
-
-def timestamp(moment: datetime) -> str:
-    """One fixed-width UTC text form, so text order is time order in SQL."""
-    if moment.utcoffset() != _ZERO:
-        moment = moment.astimezone(UTC)
-    return moment.isoformat(timespec="microseconds")[:26] + "Z"
-
-
-_ZERO = timedelta(0)

@@ -6,7 +6,11 @@ Plain data; the rules that change them live in ``ledger.domain``.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+# A kept event: validated, defaults filled, no nulls at the top, ``at`` as text.
+Event = dict[str, Any]
 
 TERMINAL = frozenset({"complete", "failed", "lost"})
 LIVE = frozenset({"pending", "running", "unknown"})
@@ -114,3 +118,13 @@ class Rejection:
     reason: str
     event: dict[str, object]
     at: str
+
+
+_ZERO = timedelta(0)
+
+
+def timestamp(moment: datetime) -> str:
+    """One fixed-width UTC text form, so text order is time order in SQL."""
+    if moment.utcoffset() != _ZERO:
+        moment = moment.astimezone(UTC)
+    return moment.isoformat(timespec="microseconds")[:26] + "Z"

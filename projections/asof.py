@@ -10,7 +10,7 @@ from datetime import datetime
 
 from ledger.domain import Cluster
 from ledger.errors import LedgerError
-from ledger.events import timestamp
+from ledger.model import timestamp
 from ledger.records import decode, replay
 from ledger.store import Store
 from projections import checkpoints, tables

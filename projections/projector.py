@@ -27,6 +27,18 @@ class Projector:
         self.source = TableSource(self.sql)
         self.cluster = Cluster(self.source)
 
+    def update(self, limit: int | None = None) -> tuple[int, int]:
+        """Bring the tables up to date in a transaction of their own (at most
+        ``limit`` events); return the (from, to) positions."""
+        with self.store.reading() as cursor:
+            start, head = self.store.tracked(cursor), self.store.head(cursor)
+        if start >= head:
+            return start, head
+        with self.store.projecting() as cursor:
+            start = self.store.tracked(cursor)
+            end = self.catch_up(cursor, limit=limit)
+        return start, end
+
     def catch_up(self, cursor: Any, head: int | None = None, limit: int | None = None) -> int:
         """Apply what the tables have not seen yet (up to ``head``, at most
         ``limit`` events) in the caller's transaction; return the new position."""
