@@ -23,7 +23,7 @@ its duration runs to the range's last event (``ongoing``).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
@@ -98,30 +98,25 @@ class AuditReport:
     start: int
     end: int
     head: int
-    sections: dict[str, list[dict[str, Any]]] = field(
-        default_factory=lambda: {name: [] for name in SECTIONS}
-    )
+    sections: dict[str, list[dict[str, Any]]]
 
     def as_dict(self) -> dict[str, Any]:
+        """The range, how many findings each section has, then the sections."""
         summary = {
             "from": self.start,
             "to": self.end,
             "head": self.head,
             "events": max(0, self.end - self.start + 1),
         }
-        counts = {name: len(rows) for name, rows in self.sections.items()}
-        return summary | counts_named(counts) | self.sections
-
-
-def counts_named(counts: dict[str, int]) -> dict[str, int]:
-    return {f"{name}_count": n for name, n in counts.items()}
+        counts = {f"{name}_count": len(rows) for name, rows in self.sections.items()}
+        return summary | counts | self.sections
 
 
 class Auditor:
     """Watches a replay event by event and writes down what is unusual."""
 
-    def __init__(self, start: int, end: int) -> None:
-        self.start, self.end = start, end
+    def __init__(self, start: int) -> None:
+        self.start = start
         self.cluster = Cluster()
         self.found: dict[str, list[dict[str, Any]]] = {name: [] for name in SECTIONS}
         self.open: dict[str, dict[Any, Episode]] = {
@@ -153,9 +148,8 @@ class Auditor:
     def finish(self) -> dict[str, list[dict[str, Any]]]:
         for name, episodes in self.open.items():
             self.found[name] += [e.still_open(self.last_at) for e in episodes.values()]
-            episodes.clear()
-        for name in self.open:
             self.found[name].sort(key=_started)
+            episodes.clear()
         for row in self.found["reconnects"]:
             waited, limit = row["seconds"], row["max_disconnect"]
             row["past_deadline"] = None if waited is None or limit is None else waited > limit
@@ -304,9 +298,7 @@ def audit(store: Store, start: int | None = None, end: int | None = None) -> Aud
         raise OutOfRange(f"--to {last} is beyond the head of the log ({head})")
     if first > last and head > 0:
         raise OutOfRange(f"--from {first} is after --to {last}")
-    auditor = Auditor(first, last)
+    auditor = Auditor(first)
     for stored in store.read_log(0, last):
         auditor.see(decode(stored))
-    report = AuditReport(first, last, head)
-    report.sections = auditor.finish()
-    return report
+    return AuditReport(first, last, head, auditor.finish())

@@ -27,7 +27,8 @@ from typing import Any
 
 from ledger.domain import Cluster
 from ledger.errors import LedgerError
-from ledger.records import decode, replay as replay_record
+from ledger.records import decode
+from ledger.records import replay as replay_record
 from ledger.store import Store
 from projections import tables
 from projections.asof import AsOf, rebuild

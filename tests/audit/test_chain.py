@@ -1,0 +1,304 @@
+"""The tamper-evident log: an attacker with access to the database files
+drops the append-only guards and edits, deletes, inserts and swaps stored
+events and chain hashes. ``verify`` names the first position that no longer
+matches; a digest kept elsewhere catches even an attacker who recomputes the
+whole chain or cuts the log short."""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+from audit_support import StoreUnderTest, history, one_line_error, run, texts
+
+from ledger.application import Ledger
+from ledger.chain import GENESIS, Digest, current_digest, link, verify
+from ledger.store import Store, open_store
+
+TRIALS = {"sqlite": 60, "postgresql": 40}
+
+
+class Attacker:
+    """Raw SQL on the stored log, guards dropped, as someone with file access."""
+
+    def __init__(self, target: StoreUnderTest) -> None:
+        self.target = target
+        self.sql = target.sql
+        self.events = self._events_table()
+
+    def _events_table(self) -> str:
+        if self.target.dialect == "sqlite":
+            return "stored_events"
+        found = self.sql(
+            "SELECT table_name FROM information_schema.columns WHERE "
+            "table_schema = current_schema() AND column_name = 'originator_version'"
+        )
+        assert found, "no table of stored events in the schema"
+        return str(found[0][0])
+
+    def drop_guards(self) -> None:
+        guarded = (self.events, "event_hashes")
+        if self.target.dialect == "sqlite":
+            for (name,) in self.sql(
+                "SELECT name FROM sqlite_master WHERE type = 'trigger' AND tbl_name IN (?, ?)",
+                guarded,
+            ):
+                self.sql(f'DROP TRIGGER "{name}"')
+            return
+        for name, table in self.sql(
+            "SELECT tgname, tgrelid::regclass::text FROM pg_trigger WHERE NOT tgisinternal "
+            "AND tgrelid IN (to_regclass(?), to_regclass(?))", guarded,
+        ):
+            self.sql(f'DROP TRIGGER "{name}" ON {table}')
+        for name, table in self.sql(
+            "SELECT rulename, tablename FROM pg_rules WHERE schemaname = current_schema() "
+            "AND tablename IN (?, ?)", guarded,
+        ):
+            self.sql(f'DROP RULE "{name}" ON {table}')
+
+    def keep(self) -> None:
+        self.sql(f"CREATE TABLE kept_events AS SELECT * FROM {self.events}")
+        self.sql("CREATE TABLE kept_hashes AS SELECT * FROM event_hashes")
+
+    def restore(self) -> None:
+        self.sql(f"DELETE FROM {self.events}")
+        self.sql(f"INSERT INTO {self.events} SELECT * FROM kept_events")
+        self.sql("DELETE FROM event_hashes")
+        self.sql("INSERT INTO event_hashes SELECT * FROM kept_hashes")
+
+    def head(self) -> int:
+        return int(self.sql(f"SELECT MAX(originator_version) FROM {self.events}")[0][0] or 0)
+
+    def event(self, position: int) -> tuple[str, bytes]:
+        topic, state = self.sql(
+            f"SELECT topic, state FROM {self.events} WHERE originator_version = ?", (position,)
+        )[0]
+        return str(topic), bytes(state)
+
+    # -- tampering ---------------------------------------------------------------
+
+    def edit(self, position: int, rng: random.Random) -> None:
+        """Change one byte of an event's stored payload."""
+        _, state = self.event(position)
+        at = rng.randrange(len(state))
+        forged = state[:at] + bytes([(state[at] + rng.randrange(1, 255)) % 256]) + state[at + 1:]
+        self.sql(f"UPDATE {self.events} SET state = ? WHERE originator_version = ?",
+                 (forged, position))
+
+    def delete(self, position: int) -> None:
+        self.sql(f"DELETE FROM {self.events} WHERE originator_version = ?", (position,))
+
+    def insert(self, position: int) -> None:
+        """Slip a forged event in at a position, moving the later ones up."""
+        self.sql(f"UPDATE {self.events} SET originator_version = -(originator_version + 1) "
+                 "WHERE originator_version >= ?", (position,))
+        self.sql(f"UPDATE {self.events} SET originator_version = -originator_version "
+                 "WHERE originator_version < 0")
+        _, state = self.event(position + 1)
+        self.sql(
+            f"INSERT INTO {self.events} (originator_id, originator_version, topic, state) "
+            f"SELECT originator_id, ?, 'node-removed', ? FROM {self.events} "
+            "WHERE originator_version = ?",
+            (position, state.replace(b'"type":"', b'"type":"x', 1), position + 1),
+        )
+
+    def swap(self, first: int, second: int) -> None:
+        one, two = self.event(first), self.event(second)
+        for position, (topic, state) in ((first, two), (second, one)):
+            self.sql(f"UPDATE {self.events} SET topic = ?, state = ? WHERE originator_version = ?",
+                     (topic, state, position))
+
+    def drop_hash(self, position: int) -> None:
+        self.sql("DELETE FROM event_hashes WHERE position = ?", (position,))
+
+    def extra_hash(self, position: int) -> None:
+        self.sql("INSERT INTO event_hashes (position, hash) VALUES (?, ?)", (position, "ab" * 32))
+
+    def edit_hash(self, position: int) -> None:
+        self.sql("UPDATE event_hashes SET hash = ? WHERE position = ?", ("cd" * 32, position))
+
+    def rewrite(self, position: int, rng: random.Random) -> None:
+        """Edit an event and recompute every chain hash after it: the kept
+        chain is consistent again; only a digest kept elsewhere tells."""
+        self.edit(position, rng)
+        previous = GENESIS
+        if position > 1:
+            previous = str(self.sql("SELECT hash FROM event_hashes WHERE position = ?",
+                                    (position - 1,))[0][0])
+        for at in range(position, self.head() + 1):
+            topic, state = self.event(at)
+            previous = link(previous, at, topic, state)
+            self.sql("UPDATE event_hashes SET hash = ? WHERE position = ?", (previous, at))
+
+    def truncate(self, count: int) -> None:
+        """Cut the last events off, hashes and all."""
+        last = self.head()
+        self.sql(f"DELETE FROM {self.events} WHERE originator_version > ?", (last - count,))
+        self.sql("DELETE FROM event_hashes WHERE position > ?", (last - count,))
+
+
+def tamper(attacker: Attacker, rng: random.Random, head: int) -> tuple[str, int | None, int]:
+    """One random tampering: (what was done, the first position plain
+    ``verify`` must name or None when only a digest can tell, the position a
+    digest of the untouched head must name)."""
+    kind = rng.choice(
+        ["edit", "delete", "insert", "swap", "drop_hash", "extra_hash", "edit_hash",
+         "rewrite", "truncate"]
+    )
+    position = rng.randint(1, head)
+    if kind == "edit":
+        attacker.edit(position, rng)
+    elif kind == "delete":
+        attacker.delete(position)
+    elif kind == "insert":
+        attacker.insert(position)
+    elif kind == "swap":
+        first, second = sorted(rng.sample(range(1, head + 1), 2))
+        attacker.swap(first, second)
+        return f"swap {first} and {second}", first, first
+    elif kind == "drop_hash":
+        attacker.drop_hash(position)
+    elif kind == "extra_hash":
+        position = head + rng.randint(1, 3)
+        attacker.extra_hash(position)
+        return f"extra hash at {position}", position, position
+    elif kind == "edit_hash":
+        attacker.edit_hash(position)
+    elif kind == "rewrite":
+        attacker.rewrite(position, rng)
+        return f"rewrite from {position}", None, head
+    else:
+        count = rng.randint(1, 5)
+        attacker.truncate(count)
+        return f"truncate {count}", None, head - count + 1
+    return f"{kind} {position}", position, position
+
+
+@pytest.fixture
+def ledger_log(under_test: StoreUnderTest) -> Iterator[tuple[StoreUnderTest, Store]]:
+    """A store holding a few hundred events, committed in several transactions."""
+    with Ledger.open(under_test.url) as ledger:
+        receipts = list(ledger.submit_many(texts(history(240, nodes=8)), batch=40))
+    assert all(r.status in ("appended", "rejected") for r in receipts)
+    store = open_store(under_test.url)
+    try:
+        yield under_test, store
+    finally:
+        store.close()
+
+
+@dataclass
+class Attack:
+    """A log with a digest kept elsewhere, and an attacker who dropped its guards."""
+
+    target: StoreUnderTest
+    store: Store
+    digest: Digest
+    attacker: Attacker
+
+
+@pytest.fixture
+def attack(ledger_log: tuple[StoreUnderTest, Store]) -> Attack:
+    target, store = ledger_log
+    attacker = Attacker(target)
+    attacker.drop_guards()
+    return Attack(target, store, current_digest(store), attacker)
+
+
+def test_an_untouched_log_verifies_and_extends_every_earlier_digest(
+    ledger_log: tuple[StoreUnderTest, Store],
+) -> None:
+    target, store = ledger_log
+    early = current_digest(store)
+    assert early.position == 240
+    with Ledger.open(target.url) as ledger:
+        list(ledger.submit_many(texts(history(300, nodes=8)[240:]), batch=25))
+
+    checked = verify(store, early)
+    assert checked.ok, checked
+    assert (checked.head, checked.verified) == (300, 300)
+
+    shown = run("digest", url=target.url)
+    assert shown.returncode == 0, shown.stderr
+    assert shown.stdout.decode().strip() == str(current_digest(store))
+    for saved in (str(early), shown.stdout.decode().strip(), f"0:{GENESIS}"):
+        proof = run("verify", "--digest", saved, url=target.url)
+        assert proof.returncode == 0, proof.stderr
+
+
+def test_an_empty_log_verifies_and_its_digest_is_genesis(under_test: StoreUnderTest) -> None:
+    shown = run("digest", url=under_test.url)
+    assert (shown.returncode, shown.stdout.decode().strip()) == (0, f"0:{GENESIS}"), shown.stderr
+    assert run("verify", url=under_test.url).returncode == 0
+
+
+def test_random_tampering_is_always_detected_at_the_first_changed_position(
+    attack: Attack,
+) -> None:
+    target, store, digest, attacker = attack.target, attack.store, attack.digest, attack.attacker
+    attacker.keep()
+    rng = random.Random(20260101)
+    missed = []
+    for trial in range(TRIALS[target.dialect]):
+        attacker.restore()
+        what, plain, with_digest = tamper(attacker, rng, digest.position)
+        found = verify(store)
+        if plain is None:
+            if not found.ok:
+                missed.append(f"{trial}: {what}: plain verify should pass, got {found.problem}")
+        elif found.ok or found.position != plain:
+            missed.append(f"{trial}: {what}: expected position {plain}, got {found.as_dict()}")
+        elif found.verified != min(plain - 1, digest.position):
+            missed.append(f"{trial}: {what}: verified up to {found.verified}, not {plain - 1}")
+        proved = verify(store, digest)
+        if proved.ok or proved.position != with_digest:
+            missed.append(
+                f"{trial}: {what}: digest should fail at {with_digest}, got {proved.as_dict()}"
+            )
+    assert not missed, "\n".join(missed)
+    attacker.restore()
+    assert verify(store, digest).ok
+
+
+def test_verify_names_the_position_on_one_line_and_exits_1(attack: Attack) -> None:
+    target, digest, attacker = attack.target, attack.digest, attack.attacker
+    attacker.edit(57, random.Random(3))
+
+    checked = run("verify", url=target.url)
+    assert checked.returncode == 1, checked.stderr
+    line = one_line_error(checked.stderr)
+    assert "position 57" in line and "does not match its chain hash" in line
+
+    attacker.rewrite(57, random.Random(3))
+    assert run("verify", url=target.url).returncode == 0
+    proved = run("verify", "--digest", str(digest), url=target.url)
+    assert proved.returncode == 1
+    assert f"no longer extends digest {digest}" in one_line_error(proved.stderr)
+
+
+def test_a_digest_beyond_the_log_proves_it_was_cut_short(attack: Attack) -> None:
+    attack.attacker.truncate(3)
+    proved = run("verify", "--digest", str(attack.digest), url=attack.target.url)
+    assert proved.returncode == 1
+    assert "the log ends at position 237, before the digest's position 240" in one_line_error(
+        proved.stderr
+    )
+
+
+def test_a_digest_for_another_history_does_not_verify(
+    ledger_log: tuple[StoreUnderTest, Store],
+) -> None:
+    target, store = ledger_log
+    forged = Digest(120, "ef" * 32)
+    assert not verify(store, forged).ok
+    assert run("verify", "--digest", str(forged), url=target.url).returncode == 1
+
+
+@pytest.mark.parametrize("text", ["12", "12:abc", "x:" + "a" * 64, "-1:" + "a" * 64])
+def test_a_malformed_digest_is_a_usage_error(text: str, sqlite_under_test: Any) -> None:
+    refused = run("verify", "--digest", text, url=sqlite_under_test.url)
+    assert refused.returncode == 2
+    assert "is not a digest" in refused.stderr.decode()

@@ -1,0 +1,301 @@
+"""Store faults: a read-only file, a locked database, a full disk, PostgreSQL
+going away mid-stream. Each ends with exit 3 and one clear line, and no
+event that ``submit`` acknowledged is lost (nor any batch half-written)."""
+
+from __future__ import annotations
+
+import json
+import os
+import resource
+import shutil
+import sqlite3
+import subprocess
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import pytest
+from audit_support import (
+    CLI,
+    PG,
+    StoreUnderTest,
+    history,
+    jsonl,
+    one_line_error,
+    results,
+    run,
+    sqlite_store,
+    texts,
+)
+
+from ledger.application import Ledger
+from ledger.chain import verify
+from ledger.store import open_store
+from projections.replay import replay
+
+
+def acknowledged_are_kept(
+    target: StoreUnderTest, events: list[dict[str, Any]], reports: list[dict[str, Any]]
+) -> int:
+    """Every appended or rejected report names the position its event is kept
+    at; the log holds nothing else. Returns the head."""
+    stored = dict(target.sql("SELECT originator_version, state FROM stored_events"))
+    kept = [r for r in reports if r["status"] in ("appended", "rejected")]
+    for report in kept:
+        state = json.loads(bytes(stored[report["position"]]))
+        assert state["event"]["id"] == events[report["line"] - 1]["id"], report
+    assert sorted(stored) == [r["position"] for r in kept], "nothing but acknowledged events"
+    return len(stored)
+
+
+def resubmitted_cleanly(target: StoreUnderTest, stream: Path, acked: int, total: int) -> None:
+    """Once the fault is gone, the whole stream again: the acknowledged events
+    are duplicates, the rest appended, and the tables prove out."""
+    again = run("submit", str(stream), "--quiet", url=target.url)
+    assert again.returncode in (0, 1), again.stderr
+    counts = json.loads(again.stdout)
+    assert counts["duplicate"] == acked
+    assert counts["appended"] + counts["rejected"] == total - acked
+    store = open_store(target.url)
+    try:
+        assert verify(store).ok
+        assert replay(store).ok
+    finally:
+        store.close()
+
+
+# -- a read-only file -----------------------------------------------------------
+
+
+@contextmanager
+def read_only(path: Path) -> Iterator[None]:
+    """Make a file read-only, even for root (immutable when running as root)."""
+    if os.geteuid() != 0:
+        path.chmod(0o444)
+        try:
+            yield
+        finally:
+            path.chmod(0o644)
+        return
+    if not shutil.which("chattr") or subprocess.run(
+        ["chattr", "+i", str(path)], capture_output=True, check=False
+    ).returncode:
+        pytest.skip("running as root where chattr +i is not available: cannot make a file read-only")
+    try:
+        yield
+    finally:
+        subprocess.run(["chattr", "-i", str(path)], check=True)
+
+
+def test_a_read_only_store_exits_3_and_keeps_its_log(tmp_path: Path) -> None:
+    target = sqlite_store(tmp_path)
+    events = history(60)
+    with Ledger.open(target.url) as ledger:
+        list(ledger.submit_many(texts(events[:30])))
+    stream = tmp_path / "stream.jsonl"
+    stream.write_bytes(jsonl(events))
+
+    with read_only(target.path):  # type: ignore[arg-type]
+        refused = run("submit", str(stream), url=target.url)
+
+    assert refused.returncode == 3
+    assert "not writable" in one_line_error(refused.stderr)
+    assert refused.stdout == b""
+    assert target.sql("SELECT COUNT(*) FROM stored_events")[0][0] == 30
+    resubmitted_cleanly(target, stream, 30, 60)
+
+
+# -- a locked database --------------------------------------------------------------
+
+
+@contextmanager
+def locked(path: Path) -> Iterator[None]:
+    """Another process's write transaction holds the database."""
+    holder = sqlite3.connect(path, isolation_level=None)
+    holder.execute("BEGIN EXCLUSIVE")
+    try:
+        yield
+    finally:
+        holder.execute("ROLLBACK")
+        holder.close()
+
+
+def test_a_locked_database_exits_3_after_the_timeout(tmp_path: Path) -> None:
+    target = sqlite_store(tmp_path)
+    open_store(target.url).close()
+    stream = tmp_path / "stream.jsonl"
+    stream.write_bytes(jsonl(history(50)))
+
+    with locked(target.path):  # type: ignore[arg-type]
+        started = time.monotonic()
+        refused = run("submit", str(stream), url=f"{target.url}?timeout=1")
+        waited = time.monotonic() - started
+
+    assert refused.returncode == 3
+    assert "locked" in one_line_error(refused.stderr)
+    assert waited < 8
+    assert target.sql("SELECT COUNT(*) FROM stored_events")[0][0] == 0
+    resubmitted_cleanly(target, stream, 0, 50)
+
+
+class Producer:
+    """A slow producer talking to ``submit -``: one line, then its answer."""
+
+    def __init__(self, url: str, env: dict[str, str] | None = None) -> None:
+        self.process = subprocess.Popen(
+            [*CLI, "--store", url, "submit", "-"], stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+            env=None if env is None else os.environ | env,
+        )
+        self.reports: list[dict[str, Any]] = []
+
+    def send(self, event: dict[str, Any]) -> dict[str, Any]:
+        assert self.process.stdin is not None and self.process.stdout is not None
+        self.process.stdin.write(json.dumps(event).encode() + b"\n")
+        self.process.stdin.flush()
+        report = json.loads(self.process.stdout.readline())
+        self.reports.append(report)
+        return report
+
+    def finish(self, events: list[dict[str, Any]]) -> tuple[int, bytes]:
+        """Send the rest without waiting; return (exit code, stderr)."""
+        assert self.process.stdin is not None
+        try:
+            self.process.stdin.write(jsonl(events))
+            self.process.stdin.close()
+        except BrokenPipeError:
+            pass
+        assert self.process.stdout is not None and self.process.stderr is not None
+        stdout, stderr = self.process.stdout.read(), self.process.stderr.read()
+        self.reports += results(stdout)
+        return self.process.wait(timeout=60), stderr
+
+
+def test_a_lock_taken_mid_stream_exits_3_and_keeps_what_was_acknowledged(
+    tmp_path: Path,
+) -> None:
+    target = sqlite_store(tmp_path)
+    events = history(40)
+    producer = Producer(f"{target.url}?timeout=1")
+    for event in events[:5]:
+        assert producer.send(event)["status"] == "appended"
+
+    with locked(target.path):  # type: ignore[arg-type]
+        code, stderr = producer.finish(events[5:])
+
+    assert code == 3
+    assert "locked" in one_line_error(stderr)
+    assert acknowledged_are_kept(target, events, producer.reports) == 5
+    stream = tmp_path / "stream.jsonl"
+    stream.write_bytes(jsonl(events))
+    resubmitted_cleanly(target, stream, 5, 40)
+
+
+# -- a full disk ---------------------------------------------------------------------
+
+
+@contextmanager
+def tiny_filesystem(folder: Path) -> Iterator[Callable[[], None]]:
+    """A 1 MiB tmpfs (root only); yields a function that makes it roomy again."""
+    folder.mkdir()
+    if os.geteuid() != 0 or subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(folder)],
+        capture_output=True, check=False,
+    ).returncode:
+        pytest.skip("cannot mount a tiny tmpfs here (needs root); the file size limit "
+                    "variant of this test still runs")
+
+    def grow() -> None:
+        subprocess.run(["mount", "-o", "remount,size=64m", str(folder)], check=True)
+
+    try:
+        yield grow
+    finally:
+        subprocess.run(["umount", "-l", str(folder)], check=False)
+
+
+def file_size_limit(limit: int) -> Callable[[], None]:
+    """For a child process: writes past ``limit`` bytes fail (EFBIG), as on a full disk."""
+    def apply() -> None:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
+    return apply
+
+
+@contextmanager
+def full_disk(
+    tmp_path: Path, fault: str
+) -> Iterator[tuple[StoreUnderTest, Any, Callable[[], None]]]:
+    """A store whose disk fills up: (the store, a child's preexec_fn, make room)."""
+    if fault == "tiny tmpfs":
+        with tiny_filesystem(tmp_path / "small") as grow:
+            target = sqlite_store(tmp_path / "small")
+            open_store(target.url).close()
+            yield target, None, grow
+        return
+    target = sqlite_store(tmp_path)
+    open_store(target.url).close()
+    size = target.path.stat().st_size  # type: ignore[union-attr]
+    yield target, file_size_limit(size + 600_000), lambda: None
+
+
+@pytest.mark.parametrize("fault", ["tiny tmpfs", "file size limit"])
+def test_a_full_disk_exits_3_and_keeps_every_acknowledged_batch(
+    tmp_path: Path, fault: str
+) -> None:
+    events = history(6000, nodes=60)
+    stream = tmp_path / "stream.jsonl"
+    stream.write_bytes(jsonl(events))
+    with full_disk(tmp_path, fault) as (target, limit, grow):
+        full = run("submit", str(stream), "--batch", "100", url=target.url, preexec_fn=limit)
+        assert full.returncode == 3, full.stderr
+        line = one_line_error(full.stderr)
+        assert "full" in line or "disk I/O error" in line, line
+        reports = results(full.stdout)
+        acked = acknowledged_are_kept(target, events, reports)
+        assert 0 < acked < len(events)
+        grow()
+        resubmitted_cleanly(target, stream, acked, len(events))
+
+
+# -- PostgreSQL going away --------------------------------------------------------------
+
+
+def test_an_unreachable_postgresql_exits_3_with_one_line(tmp_path: Path) -> None:
+    stream = tmp_path / "stream.jsonl"
+    stream.write_bytes(jsonl(history(3)))
+    refused = run("submit", str(stream), url="postgresql://postgres@127.0.0.1:1/test")
+    assert refused.returncode == 3
+    assert "unreachable" in one_line_error(refused.stderr)
+
+
+@pytest.mark.postgres
+def test_postgresql_going_away_mid_stream_exits_3_and_keeps_what_was_acknowledged(
+    pg_under_test: StoreUnderTest, tmp_path: Path
+) -> None:
+    import psycopg
+
+    name = f"alloc_ledger_audit_{uuid.uuid4().hex[:8]}"
+    url = f"{pg_under_test.url}&application_name={name}"
+    target = StoreUnderTest(url, "postgresql", schema=pg_under_test.schema)
+    events = history(40)
+    producer = Producer(url)
+    for event in events[:5]:
+        assert producer.send(event)["status"] == "appended"
+
+    with psycopg.connect(PG.split("?", 1)[0], autocommit=True) as admin:  # type: ignore[union-attr]
+        ended = admin.execute(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = %s",
+            (name,),
+        ).fetchall()
+    assert ended, "the submit's connections should have been found"
+    code, stderr = producer.finish(events[5:])
+
+    assert code == 3, stderr
+    one_line_error(stderr)
+    assert acknowledged_are_kept(target, events, producer.reports) == 5
+    stream = tmp_path / "stream.jsonl"
+    stream.write_bytes(jsonl(events))
+    resubmitted_cleanly(target, stream, 5, 40)
