@@ -159,42 +159,32 @@ class Cluster:
 
     # -- loading -------------------------------------------------------------
 
-    def node(self, name: str) -> Node | None:
-        found = self.nodes.get(name, _MISSING)
+    @staticmethod
+    def _cached(cache: dict[str, Any], key: str, load: Callable[[str], Any]) -> Any:
+        """An entity from memory, or loaded once from the source (absence too)."""
+        found = cache.get(key, _MISSING)
         if found is _MISSING:
-            found = self.nodes[name] = self.source.load_node(name)
-        return found  # type: ignore[return-value]
+            found = cache[key] = load(key)
+        return found
+
+    def node(self, name: str) -> Node | None:
+        return self._cached(self.nodes, name, self.source.load_node)  # type: ignore[no-any-return]
 
     def slot_table(self, name: str) -> list[Slot]:
-        table = self.slot_tables.get(name)
-        if table is None:
-            table = self.slot_tables[name] = self.source.load_slots(name)
-        return table
+        return self._cached(self.slot_tables, name, self.source.load_slots)  # type: ignore[no-any-return]
 
     def alloc(self, alloc_id: str) -> Allocation | None:
-        found = self.allocs.get(alloc_id, _MISSING)
-        if found is _MISSING:
-            found = self.allocs[alloc_id] = self.source.load_alloc(alloc_id)
-        return found  # type: ignore[return-value]
+        return self._cached(self.allocs, alloc_id, self.source.load_alloc)  # type: ignore[no-any-return]
 
     def address(self, address: str) -> AddressHold | None:
-        found = self.addresses.get(address, _MISSING)
-        if found is _MISSING:
-            found = self.addresses[address] = self.source.load_address(address)
-        return found  # type: ignore[return-value]
+        return self._cached(self.addresses, address, self.source.load_address)  # type: ignore[no-any-return]
 
     def live_allocs(self, name: str) -> set[str]:
         """Ids of the allocations on a node that are not terminal."""
-        found = self.live.get(name)
-        if found is None:
-            found = self.live[name] = self.source.load_live_allocs(name)
-        return found
+        return self._cached(self.live, name, self.source.load_live_allocs)  # type: ignore[no-any-return]
 
     def child_nodes(self, name: str) -> set[str]:
-        found = self.children.get(name)
-        if found is None:
-            found = self.children[name] = self.source.load_children(name)
-        return found
+        return self._cached(self.children, name, self.source.load_children)  # type: ignore[no-any-return]
 
     # -- checks (run before any change) --------------------------------------
 

@@ -55,78 +55,65 @@ class SlotReport(TypedDict):
     alloc: Name | None
 
 
-# Every event also carries the envelope: id, at, source (all optional).
 @with_config(STRICT)
-class NodeRegistered(TypedDict):
+class Envelope(TypedDict):
+    """What every event may carry besides its own fields."""
+
+    id: NotRequired[Name | None]
+    at: NotRequired[AwareDatetime | None]
+    source: NotRequired[Text | None]
+
+
+@with_config(STRICT)
+class NodeRegistered(Envelope):
     type: Literal["node-registered"]
     node: NodeName
     slots: NotRequired[Annotated[int, Field(ge=0, le=MAX_SLOTS)] | None]
     parent: NotRequired[NodeName | None]
-    id: NotRequired[Name | None]
-    at: NotRequired[AwareDatetime | None]
-    source: NotRequired[Text | None]
 
 
 @with_config(STRICT)
-class Heartbeat(TypedDict):
+class Heartbeat(Envelope):
     type: Literal["heartbeat"]
     node: NodeName
     slots: NotRequired[list[SlotReport] | None]
-    id: NotRequired[Name | None]
-    at: NotRequired[AwareDatetime | None]
-    source: NotRequired[Text | None]
 
 
 @with_config(STRICT)
-class HeartbeatMissed(TypedDict):
+class HeartbeatMissed(Envelope):
     type: Literal["heartbeat-missed"]
     node: NodeName
-    id: NotRequired[Name | None]
-    at: NotRequired[AwareDatetime | None]
-    source: NotRequired[Text | None]
 
 
 @with_config(STRICT)
-class NodeDown(TypedDict):
+class NodeDown(Envelope):
     type: Literal["node-down"]
     node: NodeName
     reason: NotRequired[Text | None]
-    id: NotRequired[Name | None]
-    at: NotRequired[AwareDatetime | None]
-    source: NotRequired[Text | None]
 
 
 @with_config(STRICT)
-class NodeRemoved(TypedDict):
+class NodeRemoved(Envelope):
     type: Literal["node-removed"]
     node: NodeName
-    id: NotRequired[Name | None]
-    at: NotRequired[AwareDatetime | None]
-    source: NotRequired[Text | None]
 
 
 @with_config(STRICT)
-class NodeSuspected(TypedDict):
+class NodeSuspected(Envelope):
     type: Literal["node-suspected"]
     node: NodeName
     reason: Annotated[str, Field(min_length=1, max_length=1024)]
-    id: NotRequired[Name | None]
-    at: NotRequired[AwareDatetime | None]
-    source: NotRequired[Text | None]
 
 
 @with_config(STRICT)
-class HealthChecked(TypedDict):
+class HealthChecked(Envelope):
     type: Literal["health-checked"]
     node: NodeName
     passed: bool
-    id: NotRequired[Name | None]
-    at: NotRequired[AwareDatetime | None]
-    source: NotRequired[Text | None]
 
 
 @with_config(STRICT)
-class AllocPlaced(TypedDict):
+class AllocPlaced(Envelope):
     type: Literal["alloc-placed"]
     alloc: Name
     node: NodeName
@@ -134,47 +121,32 @@ class AllocPlaced(TypedDict):
     slot: NotRequired[SlotIndex | None]
     addresses: NotRequired[Annotated[list[Address] | None, AfterValidator(_unique)]]
     max_disconnect: NotRequired[Annotated[int, Field(ge=0)] | None]
-    id: NotRequired[Name | None]
-    at: NotRequired[AwareDatetime | None]
-    source: NotRequired[Text | None]
 
 
 @with_config(STRICT)
-class AllocUpdated(TypedDict):
+class AllocUpdated(Envelope):
     type: Literal["alloc-updated"]
     alloc: Name
     client_status: Literal["pending", "running", "complete", "failed"]
     blame: NotRequired[Literal["node", "alloc"] | None]
-    id: NotRequired[Name | None]
-    at: NotRequired[AwareDatetime | None]
-    source: NotRequired[Text | None]
 
 
 @with_config(STRICT)
-class AllocStopRequested(TypedDict):
+class AllocStopRequested(Envelope):
     type: Literal["alloc-stop-requested"]
     alloc: Name
-    id: NotRequired[Name | None]
-    at: NotRequired[AwareDatetime | None]
-    source: NotRequired[Text | None]
 
 
 @with_config(STRICT)
-class AllocRemoveRequested(TypedDict):
+class AllocRemoveRequested(Envelope):
     type: Literal["alloc-remove-requested"]
     alloc: Name
-    id: NotRequired[Name | None]
-    at: NotRequired[AwareDatetime | None]
-    source: NotRequired[Text | None]
 
 
 @with_config(STRICT)
-class AllocRemoved(TypedDict):
+class AllocRemoved(Envelope):
     type: Literal["alloc-removed"]
     alloc: Name
-    id: NotRequired[Name | None]
-    at: NotRequired[AwareDatetime | None]
-    source: NotRequired[Text | None]
 
 
 EVENT_TYPES: dict[str, Any] = {
