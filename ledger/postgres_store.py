@@ -45,6 +45,10 @@ STATE_PREFIX = "state_"
 SCHEMA_NAME = re.compile(r"[a-z_][a-z0-9_]{0,62}")
 OPTIONS = {"schema", "projections", "connect_timeout", "sslmode", "application_name"}
 LIBPQ_OPTIONS = ("sslmode", "application_name")
+# A writer that stalls inside its transaction (a client on a machine cut off
+# from the network) must not hold the log's lock until TCP notices: the server
+# ends such a session after this many seconds idle in a transaction.
+IDLE_IN_TRANSACTION = 60
 
 APPEND_ONLY = [
     """CREATE TABLE IF NOT EXISTS event_ids (id TEXT PRIMARY KEY, position BIGINT NOT NULL)""",
@@ -95,7 +99,8 @@ class PostgresStore:
         self.shown = redacted(parts)
         unknown = set(options) - OPTIONS
         if unknown:
-            self._fail(f"unknown option {sorted(unknown)[0]!r} (known: {', '.join(sorted(OPTIONS))})")
+            known = ", ".join(sorted(OPTIONS))
+            self._fail(f"unknown option {min(unknown)!r} (known: {known})")
         self.schema = options.get("schema", "public")
         if not SCHEMA_NAME.fullmatch(self.schema):
             self._fail(f"schema name {self.schema!r} must be lower case letters, digits and _")
@@ -121,6 +126,7 @@ class PostgresStore:
             self.datastore = PostgresDatastore(
                 **self.connect_args, schema=self.schema, connect_timeout=timeout,
                 pool_size=1, max_overflow=3, pool_open_timeout=timeout,
+                idle_in_transaction_session_timeout=IDLE_IN_TRANSACTION,
             )
             self.datastore.pool.kwargs.update(extra)  # type: ignore[union-attr]
             self.recorder = PostgresProcessRecorder(self.datastore, tracking_table_name=TRACKING)
@@ -134,10 +140,9 @@ class PostgresStore:
     # -- opening -------------------------------------------------------------
 
     def _connect(self, timeout: float, extra: dict[str, str]) -> psycopg.Connection[Any]:
+        arguments: dict[str, Any] = {**self.connect_args, **extra}
         try:
-            return psycopg.connect(
-                **self.connect_args, **extra, connect_timeout=max(1, int(timeout)), autocommit=True
-            )
+            return psycopg.connect(**arguments, connect_timeout=max(1, int(timeout)), autocommit=True)
         except psycopg.Error as error:
             self._fail(self._why_not_connected(error))
 
@@ -209,17 +214,17 @@ class PostgresStore:
         results are not read are sent without waiting (psycopg pipeline mode),
         so a write transaction costs a round trip per read, not per statement."""
         try:
-            with self.datastore.get_connection() as connection:
-                with connection.pipeline() if pipelined else nullcontext():
-                    with connection.transaction():
-                        cursor = connection.cursor(row_factory=tuple_row)
-                        prepare(cursor)
-                        self._local.cursor = cursor
-                        try:
-                            yield cursor
-                        finally:
-                            self._local.cursor = None
-                            self._local.last = None
+            with self.datastore.get_connection() as connection, (
+                connection.pipeline() if pipelined else nullcontext()
+            ), connection.transaction():
+                cursor = connection.cursor(row_factory=tuple_row)
+                prepare(cursor)
+                self._local.cursor = cursor
+                try:
+                    yield cursor
+                finally:
+                    self._local.cursor = None
+                    self._local.last = None
         except psycopg.Error as error:
             raise StoreUnavailable(f"store {self.shown}: {describe(error)}") from None
         except PersistenceError as error:

@@ -1,0 +1,330 @@
+#!/usr/bin/env python3
+"""Measure concurrent ``alloc-ledger submit`` streams against pgbench, side by side.
+
+On one PostgreSQL server, in one run:
+
+1. pgbench: ``pgbench -n -c 8 -j 2 -T 10 -f insert.sql`` where insert.sql is a
+   single-row INSERT into a scratch table: the server's own rate of durable
+   single-row commits from 8 clients (synchronous_commit as configured: on).
+   It runs again after the ledger, to show how much the machine drifted.
+2. the ledger: 8 ``alloc-ledger submit -`` processes on one fresh store, each
+   fed its own simulated history (scripts/simulate.py, names prefixed per
+   stream) through a pipe, interactively: by default paced at 0.8 x the rate
+   pgbench just measured (open loop, as independent clients send; keeping up
+   clears 0.75 after the final drain), or with ``--rate max`` as fast as
+   answers come back with at most ``--window`` lines unacknowledged per stream
+   (closed loop). Each stream's first line is answered before the clock starts
+   (imports and connections are not measured). The acknowledgement latency of
+   an event is the time from writing its line to reading its result line.
+
+Prints events/s, the ratio to pgbench's rate, p50/p99 latency and the CPU
+the machine spent per event, and exits 1 when the goal (ratio >= 0.75 and
+p99 < 50 ms) is missed.
+
+Example:
+
+    python scripts/bench_pg.py --dsn postgresql://postgres@127.0.0.1:5432/test
+    python scripts/bench_pg.py --rate max --window 16
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import json
+import os
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from scripts.simulate import generate
+
+GOAL_RATIO = 0.75
+GOAL_P99_MS = 50.0
+OFFERED = 0.8  # --rate goal offers 0.8 x pgbench, so that keeping up clears 0.75 after the drain
+
+
+def renamed(event: dict[str, Any], prefix: str) -> dict[str, Any]:
+    """The same event in a stream of its own: every name gets the stream's prefix."""
+    for key in ("node", "parent", "alloc", "id", "job"):
+        if isinstance(event.get(key), str):
+            event[key] = prefix + event[key]
+    if isinstance(event.get("addresses"), list):
+        event["addresses"] = [prefix + a for a in event["addresses"]]
+    if isinstance(event.get("slots"), list):
+        for entry in event["slots"]:
+            if isinstance(entry.get("alloc"), str):
+                entry["alloc"] = prefix + entry["alloc"]
+    return event
+
+
+def write_streams(directory: Path, streams: int, events: int, nodes: int) -> list[Path]:
+    paths = []
+    for number in range(streams):
+        path = directory / f"stream-{number}.jsonl"
+        with path.open("w") as out:
+            for event in generate(events, nodes=nodes, slots=4, seed=100 + number):
+                out.write(json.dumps(renamed(event, f"s{number}-"), separators=(",", ":")) + "\n")
+        paths.append(path)
+    return paths
+
+
+# -- pgbench ----------------------------------------------------------------------
+
+
+def pg_environment(dsn: str) -> dict[str, str]:
+    parts = urlsplit(dsn)
+    env = dict(os.environ)
+    env.update(
+        PGHOST=parts.hostname or "", PGPORT=str(parts.port or 5432),
+        PGUSER=parts.username or "", PGDATABASE=parts.path.lstrip("/"),
+    )
+    if parts.password:
+        env["PGPASSWORD"] = parts.password
+    return env
+
+
+def psql(dsn: str, statement: str) -> str:
+    result = subprocess.run(
+        ["psql", "-X", "-q", "-A", "-t", "-v", "ON_ERROR_STOP=1", "-c", statement],
+        env=pg_environment(dsn), capture_output=True, text=True, check=True,
+    )
+    return result.stdout.strip()
+
+
+def pgbench(dsn: str, schema: str, clients: int, seconds: int, directory: Path) -> float:
+    table = f"{schema}.pgbench_scratch"
+    psql(dsn, f"CREATE TABLE IF NOT EXISTS {table} (id bigserial PRIMARY KEY, v text)")
+    script = directory / "insert.sql"
+    script.write_text(f"INSERT INTO {table} (v) VALUES ('x');\n")
+    command = ["pgbench", "-n", "-c", str(clients), "-j", "2", "-T", str(seconds), "-f", str(script)]
+    result = subprocess.run(
+        command, env=pg_environment(dsn), capture_output=True, text=True, check=False
+    )
+    if result.returncode != 0:
+        raise SystemExit(f"pgbench failed: {result.stderr.strip()}")
+    found = re.search(r"tps = ([\d.]+) \(without initial connection time\)", result.stdout)
+    if found is None:
+        raise SystemExit(f"cannot read pgbench's rate from: {result.stdout}")
+    return float(found.group(1))
+
+
+# -- the ledger's streams -----------------------------------------------------------
+
+
+class Stream:
+    """One ``alloc-ledger submit -`` process fed its history through a pipe.
+
+    Paced (``rate``): lines are written on a fixed schedule whatever the
+    answers, as independent clients would send them (open loop). Otherwise at
+    most ``window`` lines are unacknowledged at any time (closed loop)."""
+
+    def __init__(self, url: str, path: Path, window: int, rate: float, batch: int) -> None:
+        self.lines = path.read_bytes().splitlines(keepends=True)
+        self.sent = [0.0] * len(self.lines)
+        self.latencies: list[float] = []
+        self.statuses: dict[str, int] = {}
+        self.rate = rate
+        self.window = threading.Semaphore(window)
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "commands", "--store", url, "submit", "-",
+             "--batch", str(batch)],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+            cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)}, bufsize=0,
+        )
+        self.done = time.perf_counter()
+
+    def warm_up(self) -> None:
+        """Send the first line and wait for its answer: the process has started,
+        imported and connected (not measured)."""
+        assert self.process.stdin is not None and self.process.stdout is not None
+        self.stdout = io.BufferedReader(self.process.stdout)  # the pipe itself is unbuffered
+        self.process.stdin.write(self.lines[0])
+        answer = self.stdout.readline()
+        if not answer:
+            raise SystemExit(f"a submit stream failed: {self.process.stderr.read().decode()}")  # type: ignore[union-attr]
+        self.lines[0] = b""
+
+    def produce(self, start: threading.Event, began: list[float]) -> None:
+        start.wait()
+        stdin = self.process.stdin
+        assert stdin is not None
+        self.lines = self.lines[1:]
+        self.sent = self.sent[1:]
+        if self.rate:
+            self._paced(stdin, began[0])
+        else:
+            for index, line in enumerate(self.lines):
+                self.window.acquire()
+                self.sent[index] = time.perf_counter()
+                stdin.write(line)
+        stdin.close()
+
+    def _paced(self, stdin: Any, began: float) -> None:
+        interval = 1.0 / self.rate
+        index = 0
+        while index < len(self.lines):
+            now = time.perf_counter()
+            due = min(len(self.lines), int((now - began) / interval) + 1)
+            if due > index:
+                chunk = b"".join(self.lines[index:due])
+                for number in range(index, due):
+                    self.sent[number] = now
+                stdin.write(chunk)
+                index = due
+            time.sleep(min(interval, 0.002))
+
+    def consume(self) -> None:
+        for raw in self.stdout:
+            now = time.perf_counter()
+            result = json.loads(raw)
+            self.latencies.append(now - self.sent[result["line"] - 2])
+            self.statuses[result["status"]] = self.statuses.get(result["status"], 0) + 1
+            self.window.release()
+        self.done = time.perf_counter()
+
+
+def run_streams(url: str, paths: list[Path], window: int, rate: float, batch: int) -> dict[str, Any]:
+    streams = [Stream(url, path, window, rate / len(paths), batch) for path in paths]
+    start = threading.Event()
+    began = [0.0]
+    threads = []
+    for stream in streams:
+        threads.append(threading.Thread(target=stream.produce, args=(start, began)))
+        threads.append(threading.Thread(target=stream.consume))
+    warming = [threading.Thread(target=stream.warm_up) for stream in streams]
+    for thread in warming:
+        thread.start()
+    for thread in warming:
+        thread.join()
+    for thread in threads:
+        thread.start()
+    time.sleep(0.5)
+    began[0] = time.perf_counter()
+    start.set()
+    for thread in threads:
+        thread.join()
+    elapsed = max(s.done for s in streams) - began[0]
+    for stream in streams:
+        if stream.process.wait() not in (0, 1):
+            raise SystemExit(f"a submit stream failed: {stream.process.stderr.read().decode()}")
+    latencies = sorted(x for s in streams for x in s.latencies)
+    statuses: dict[str, int] = {}
+    for stream in streams:
+        for status, count in stream.statuses.items():
+            statuses[status] = statuses.get(status, 0) + count
+    cuts = statistics.quantiles(latencies, n=100)
+    return {
+        "events": len(latencies),
+        "seconds": elapsed,
+        "events_per_second": len(latencies) / elapsed,
+        "p50_ms": 1000 * cuts[49],
+        "p99_ms": 1000 * cuts[98],
+        "max_ms": 1000 * latencies[-1],
+        "statuses": statuses,
+    }
+
+
+def cpu_busy() -> tuple[float, float]:
+    """Seconds of CPU busy and in total, over all CPUs, since boot (Linux /proc/stat)."""
+    try:
+        fields = [float(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    except OSError:
+        return 0.0, 0.0
+    ticks = os.sysconf("SC_CLK_TCK")
+    idle = fields[3] + (fields[4] if len(fields) > 4 else 0.0)
+    return (sum(fields[:8]) - idle) / ticks, sum(fields[:8]) / ticks
+
+
+def commits(dsn: str) -> int:
+    return int(psql(dsn, "SELECT xact_commit FROM pg_stat_database WHERE datname = current_database()"))
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--dsn", default=os.environ.get(
+        "ALLOC_LEDGER_TEST_PG", "postgresql://postgres@127.0.0.1:5432/test"))
+    parser.add_argument("--streams", type=int, default=8, help="concurrent submit streams (8)")
+    parser.add_argument("--events", type=int, default=6000, help="events per stream (6000)")
+    parser.add_argument("--nodes", type=int, default=50, help="nodes per stream (50)")
+    parser.add_argument("--rate", default="goal",
+                        help="offered events/s over all streams, paced (open loop): a number, "
+                        "'goal' (0.8 x pgbench's rate, the default) or 'max' (closed loop, --window)")
+    parser.add_argument("--window", type=int, default=16,
+                        help="with --rate max: most unacknowledged lines per stream (16)")
+    parser.add_argument("--batch", type=int, default=1000, help="submit --batch (1000)")
+    parser.add_argument("--seconds", type=int, default=10, help="pgbench -T (10)")
+    parser.add_argument("--options", default="", help="extra store URL options, e.g. projections=inline")
+    parser.add_argument("--keep", action="store_true", help="keep the scratch schema")
+    args = parser.parse_args(argv)
+
+    schema = f"bench_{uuid.uuid4().hex[:8]}"
+    url = f"{args.dsn}{'&' if '?' in args.dsn else '?'}schema={schema}"
+    if args.options:
+        url += f"&{args.options}"
+    sync = psql(args.dsn, "SHOW synchronous_commit")
+    cpus = os.cpu_count()
+    print(f"server: {psql(args.dsn, 'SHOW server_version')}, synchronous_commit={sync}, "
+          f"fsync={psql(args.dsn, 'SHOW fsync')}, {cpus} CPUs")
+    try:
+        from ledger.store import open_store
+
+        open_store(url).close()  # create the schema before the clock starts
+        with tempfile.TemporaryDirectory() as scratch:
+            directory = Path(scratch)
+            paths = write_streams(directory, args.streams, args.events, args.nodes)
+            pgbench_rate = pgbench(args.dsn, schema, args.streams, args.seconds, directory)
+            print(f"pgbench: {pgbench_rate:,.0f} single-row inserts/s "
+                  f"({args.streams} clients, -j 2, {args.seconds} s)")
+            before = commits(args.dsn)
+            busy_before, total_before = cpu_busy()
+            rate = {"goal": OFFERED * pgbench_rate, "max": 0.0}.get(args.rate) if args.rate in (
+                "goal", "max") else float(args.rate)
+            assert rate is not None
+            if rate:
+                print(f"offering {rate:,.0f} events/s, paced, over {args.streams} streams")
+            ledger = run_streams(url, paths, args.window, rate, args.batch)
+            busy_after, total_after = cpu_busy()
+            transactions = commits(args.dsn) - before
+            psql(args.dsn, f"TRUNCATE {schema}.pgbench_scratch")
+            pgbench_after = pgbench(args.dsn, schema, args.streams, args.seconds, directory)
+    finally:
+        if not args.keep:
+            psql(args.dsn, f"DROP SCHEMA IF EXISTS {schema} CASCADE")
+    ratio = ledger["events_per_second"] / pgbench_rate
+    print(
+        f"alloc-ledger: {ledger['events']:,} events in {ledger['seconds']:.2f} s = "
+        f"{ledger['events_per_second']:,.0f} events/s from {args.streams} submit streams "
+        f"({'paced' if rate else f'window {args.window}'}); {transactions:,} commits in the "
+        f"database meanwhile (all sessions), {ledger['events'] / max(transactions, 1):.1f} "
+        "events per commit"
+    )
+    print(f"pgbench again after the ledger: {pgbench_after:,.0f} single-row inserts/s "
+          "(the machine's drift; the ratio uses the first figure)")
+    print(f"statuses: {json.dumps(ledger['statuses'], sort_keys=True)}")
+    if total_after > total_before:
+        busy = busy_after - busy_before
+        print(f"CPU: {100 * busy / (total_after - total_before):.0f}% busy over {cpus} CPUs while "
+              f"the streams ran (every process on the machine), "
+              f"{1e6 * busy / ledger['events']:.0f} CPU-us per event")
+    print(f"ratio to pgbench: {ratio:.2f} (goal >= {GOAL_RATIO})")
+    print(f"acknowledgement latency: p50 {ledger['p50_ms']:.1f} ms, p99 {ledger['p99_ms']:.1f} ms, "
+          f"max {ledger['max_ms']:.1f} ms (goal p99 < {GOAL_P99_MS:.0f} ms)")
+    met = ratio >= GOAL_RATIO and ledger["p99_ms"] < GOAL_P99_MS
+    print("goal met" if met else "goal NOT met")
+    return 0 if met else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

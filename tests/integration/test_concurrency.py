@@ -1,0 +1,127 @@
+"""Race-free rules across processes: eight writers hammer the same slots,
+addresses, allocation ids and client ids at once.
+
+Each contested entity has exactly one winner; every loser is rejected with
+the reason a lone submitter would get (or told ``duplicate`` for a client
+id); positions stay one gapless sequence; the tables equal a replay of the
+log, and the hash chain holds.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+from collections import defaultdict
+from typing import Any
+
+from ledger.application import Ledger
+from ledger.chain import verify
+from ledger.store import open_store
+
+WRITERS = 8
+ROUNDS = 12
+DECISION_TABLES = ("nodes", "slots", "allocations", "addresses")
+
+
+def contested(writer: int, round_: int) -> list[tuple[str, dict[str, Any]]]:
+    """What one writer submits in one round; every writer races for the same things."""
+    return [
+        ("slot", {"type": "alloc-placed", "alloc": f"s{round_}-w{writer}", "node": "shared",
+                  "slot": round_}),
+        ("address", {"type": "alloc-placed", "alloc": f"x{round_}-w{writer}", "node": "shared",
+                     "addresses": [f"10.0.{round_}.1"]}),
+        ("alloc", {"type": "alloc-placed", "alloc": f"c{round_}", "node": f"own{writer}",
+                   "slot": round_}),
+        ("id", {"type": "heartbeat", "node": "shared", "id": f"retry-{round_}"}),
+    ]
+
+
+def setup(url: str) -> int:
+    with Ledger.open(url) as ledger:
+        nodes = [("shared", ROUNDS)] + [(f"own{w}", ROUNDS) for w in range(WRITERS)]
+        for node, slots in nodes:
+            assert ledger.submit({"type": "node-registered", "node": node, "slots": slots}).ok
+            assert ledger.submit({"type": "heartbeat", "node": node}).ok
+        return 2 * len(nodes)
+
+
+def writer(url: str, number: int, start: Any) -> list[tuple[str, int, str, int | None, str | None]]:
+    """One process: submit each contested event in its own transaction."""
+    results = []
+    with Ledger.open(url) as ledger:
+        start.wait()
+        for round_ in range(ROUNDS):
+            for race, event in contested(number, round_):
+                receipt = ledger.submit(event)
+                results.append((race, round_, receipt.status, receipt.position, receipt.error))
+    return results
+
+
+def race(url: str) -> list[tuple[int, str, int, str, int | None, str | None]]:
+    context = multiprocessing.get_context("spawn")
+    with context.Manager() as manager:
+        start = manager.Barrier(WRITERS)
+        with context.Pool(WRITERS) as pool:
+            runs = [pool.apply_async(writer, (url, w, start)) for w in range(WRITERS)]
+            outcomes = [run.get(timeout=300) for run in runs]
+    return [(w, *result) for w, results in enumerate(outcomes) for result in results]
+
+
+def winners(outcomes: list[Any], kind: str) -> dict[int, list[Any]]:
+    by_round: dict[int, list[Any]] = defaultdict(list)
+    for outcome in outcomes:
+        if outcome[1] == kind:
+            by_round[outcome[2]].append(outcome)
+    return by_round
+
+
+def test_eight_writers_racing_for_the_same_things_get_one_winner_each(
+    store_url, tables, replayed, project
+):
+    first = setup(store_url)
+
+    outcomes = race(store_url)
+
+    for round_, tries in winners(outcomes, "slot").items():
+        won = [t for t in tries if t[3] == "appended"]
+        assert len(won) == 1, tries
+        holder = f"s{round_}-w{won[0][0]}"
+        assert sorted(t[5] for t in tries if t is not won[0]) == [
+            f"slot shared#{round_} is already held by allocation {holder}"
+        ] * (WRITERS - 1)
+    for round_, tries in winners(outcomes, "address").items():
+        won = [t for t in tries if t[3] == "appended"]
+        assert len(won) == 1, tries
+        holder = f"x{round_}-w{won[0][0]}"
+        reason = (
+            f"address 10.0.{round_}.1 is still held by allocation {holder}, "
+            "which has not shut down"
+        )
+        assert sorted(t[5] for t in tries if t is not won[0]) == [reason] * (WRITERS - 1)
+    for round_, tries in winners(outcomes, "alloc").items():
+        won = [t for t in tries if t[3] == "appended"]
+        assert len(won) == 1, tries
+        assert sorted(t[5] for t in tries if t is not won[0]) == [
+            f"allocation c{round_} already holds slot own{won[0][0]}#{round_}"
+        ] * (WRITERS - 1)
+    for tries in winners(outcomes, "id").values():
+        won = [t for t in tries if t[3] == "appended"]
+        assert len(won) == 1, tries
+        assert {(t[3], t[4]) for t in tries if t is not won[0]} == {("duplicate", won[0][4])}
+
+    read = tables(store_url)
+    head = read.head()
+    kept = sorted(t[4] for t in outcomes if t[3] in ("appended", "rejected"))
+    assert kept == list(range(first + 1, head + 1))
+    assert head == first + ROUNDS * (3 * WRITERS + 1)
+
+    if store_url.startswith("postgres"):
+        assert read.snapshot("state_", DECISION_TABLES) == replayed(store_url, only=DECISION_TABLES)
+    project(store_url)
+    assert read.snapshot() == replayed(store_url)
+    holders = read.rows("SELECT slot, alloc FROM slots WHERE node = 'shared' ORDER BY slot")
+    assert all(h["alloc"] is not None for h in holders) and len(holders) == ROUNDS
+    store = open_store(store_url)
+    try:
+        assert verify(store).ok
+    finally:
+        store.close()

@@ -1,0 +1,179 @@
+"""Projections that follow (PostgreSQL): ``alloc-ledger project --follow``
+keeps the projection tables current while other processes append, applies
+every event exactly once, and resumes after ``kill -9``; queries say how far
+behind the tables are, and ``--wait`` catches them up first.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import IO, Any
+
+import pytest
+
+from scripts.simulate import generate
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+class Follower:
+    """``alloc-ledger project --follow`` in its own process, its progress lines read as they come."""
+
+    def __init__(self, url: str, batch: int) -> None:
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "commands", "--store", url, "project", "--follow",
+             "--batch", str(batch), "--poll", "0.5"],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT,
+            env={**os.environ, "PYTHONPATH": str(ROOT)},
+        )
+        self.lines: list[dict[str, Any]] = []
+        self._reader = threading.Thread(target=self._read, args=(self.process.stdout,))
+        self._reader.start()
+        self.wait_for(lambda: bool(self.lines))
+
+    def _read(self, stream: IO[str]) -> None:
+        for line in stream:
+            self.lines.append(json.loads(line))
+
+    def wait_for(self, condition: Any, timeout: float = 60) -> None:
+        deadline = time.monotonic() + timeout
+        while not condition():
+            assert self.process.poll() is None, self.process.stderr.read()  # type: ignore[union-attr]
+            assert time.monotonic() < deadline, "timed out"
+            time.sleep(0.05)
+
+    @property
+    def batches(self) -> list[tuple[int, int]]:
+        return [(line["from"], line["to"]) for line in self.lines if "applied" in line]
+
+    def stop(self, sig: int = signal.SIGINT) -> tuple[int, str]:
+        self.process.send_signal(sig)
+        code = self.process.wait(timeout=30)
+        self._reader.join()
+        return code, self.process.stderr.read()  # type: ignore[union-attr]
+
+
+def history_file(directory: Path, events: int, seed: int) -> Path:
+    path = directory / f"history-{seed}.jsonl"
+    path.write_text("".join(json.dumps(e) + "\n" for e in generate(events, 40, 4, seed=seed)))
+    return path
+
+
+def submitted(alloc_ledger: Any, url: str, path: Path) -> None:
+    result = alloc_ledger("submit", str(path), "--quiet", url=url, timeout=600)
+    assert result.returncode in (0, 1), result.stderr
+    assert json.loads(result.stdout)["invalid"] == 0
+
+
+def test_follow_keeps_the_tables_current_as_others_append(
+    pg_url, tmp_path, tables, replayed, alloc_ledger
+):
+    read = tables(pg_url)
+    follower = Follower(pg_url, batch=100)
+    try:
+        assert follower.lines[0] == {"following": True, "lag": 0}
+        for seed in (1, 2):
+            submitted(alloc_ledger, pg_url, history_file(tmp_path, 1500, seed))
+            head = read.head()
+            follower.wait_for(lambda: read.tracked() == head)  # noqa: B023
+
+            assert read.snapshot() == replayed(pg_url)
+    finally:
+        code, errors = follower.stop()
+
+    assert (code, errors) == (0, "")
+    assert follower.lines[-1] == {"stopped": True, "lag": 0}
+    assert all(to - start <= 100 for start, to in follower.batches)
+
+
+def test_kill_9_mid_catch_up_then_resume_applies_every_event_exactly_once(
+    pg_url, tmp_path, tables, replayed, alloc_ledger
+):
+    submitted(alloc_ledger, pg_url, history_file(tmp_path, 20000, 5))
+    read = tables(pg_url)
+    head = read.head()
+    follower = Follower(pg_url, batch=50)
+    follower.wait_for(lambda: len(follower.batches) >= 5)
+
+    follower.stop(signal.SIGKILL)
+
+    stopped_at = read.tracked()
+    assert 0 < stopped_at < head, "the follower finished before it was killed"
+    assert stopped_at % 50 == 0
+    assert read.snapshot() == replayed(pg_url, upto=stopped_at)
+
+    resumed = alloc_ledger("project", url=pg_url)
+
+    assert resumed.returncode == 0, resumed.stderr
+    assert json.loads(resumed.stdout) == {
+        "from": stopped_at, "to": head, "applied": head - stopped_at
+    }
+    assert read.tracked() == head
+    assert read.snapshot() == replayed(pg_url)
+
+
+def test_two_followers_share_the_work_without_applying_anything_twice(
+    pg_url, tmp_path, tables, replayed, alloc_ledger
+):
+    read = tables(pg_url)
+    followers = [Follower(pg_url, batch=40), Follower(pg_url, batch=70)]
+    try:
+        submitted(alloc_ledger, pg_url, history_file(tmp_path, 4000, 7))
+        head = read.head()
+        followers[0].wait_for(lambda: read.tracked() == head)
+    finally:
+        stopped = [f.stop() for f in followers]
+
+    assert stopped == [(0, ""), (0, "")]
+    applied = sorted(batch for f in followers for batch in f.batches)
+    assert [start for start, _ in applied] == [0] + [to for _, to in applied[:-1]]
+    assert applied[-1][1] == head
+    assert read.snapshot() == replayed(pg_url)
+
+
+def test_a_query_says_how_far_behind_the_tables_are_and_wait_catches_up(
+    pg_url, alloc_ledger
+):
+    for node in ("n1", "n2", "n3"):
+        assert alloc_ledger("submit", "node-registered", "--node", node, url=pg_url).returncode == 0
+
+    behind = alloc_ledger("query", "nodes", "--format", "table", url=pg_url)
+    as_json = alloc_ledger("query", "nodes", "--format", "json", url=pg_url)
+    caught_up = alloc_ledger("query", "nodes", "--format", "table", "--wait", url=pg_url)
+
+    assert (behind.returncode, behind.stderr, behind.stdout) == (
+        0, "lag: 3 positions behind the log\n", "(none)\n"
+    )
+    assert (as_json.stderr, json.loads(as_json.stdout)) == ("", [])
+    assert caught_up.stderr == ""
+    assert [line.split()[0] for line in caught_up.stdout.splitlines()] == ["node", "n1", "n2", "n3"]
+
+
+def test_sqlite_queries_are_always_current(tmp_path, alloc_ledger):
+    url = f"sqlite:///{tmp_path}/l.db"
+    alloc_ledger("submit", "node-registered", "--node", "n1", url=url)
+
+    answer = alloc_ledger("query", "nodes", "--format", "table", url=url)
+
+    assert answer.stderr == ""
+    assert answer.stdout.splitlines()[1].split()[0] == "n1"
+
+
+@pytest.mark.parametrize("batch", [1, 1000])
+def test_project_applies_in_batches_and_reports_the_span(pg_url, alloc_ledger, tables, batch):
+    for node in ("n1", "n2", "n3"):
+        alloc_ledger("submit", "node-registered", "--node", node, url=pg_url)
+
+    done = alloc_ledger("project", "--batch", str(batch), url=pg_url)
+    again = alloc_ledger("project", url=pg_url)
+
+    assert json.loads(done.stdout) == {"from": 0, "to": 3, "applied": 3}
+    assert json.loads(again.stdout) == {"from": 3, "to": 3, "applied": 0}
+    assert tables(pg_url).tracked() == 3

@@ -1,0 +1,365 @@
+"""The PostgreSQL store behaves like the SQLite one (SPEC section 5).
+
+Most tests run against both stores through ``store_url``; the parity test
+tells one simulated history to both and compares every answer; the rest
+cover what only PostgreSQL has (schemas, decision tables, inline
+projections, connection errors).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import socket
+import struct
+import threading
+import time
+from pathlib import Path
+from urllib.parse import urlsplit
+
+import pytest
+
+from ledger.application import Ledger
+from ledger.errors import StoreUnavailable
+from ledger.store import open_store
+from scripts.simulate import generate
+
+QUESTIONS = [
+    ["needs-reconnect", "--now", "2026-01-01T01:00:00Z"],
+    ["zombie-slots"], ["slots"], ["nodes"], ["allocs"], ["addresses"], ["suspects"],
+    ["rejections"],
+]
+DECISION_TABLES = ("nodes", "slots", "allocations", "addresses")
+
+
+def option(url: str, extra: str) -> str:
+    return f"{url}{'&' if '?' in url else '?'}{extra}"
+
+
+def story(url: str) -> list[tuple[str, int | None, str | None]]:
+    """A short cluster story with every kind of answer: appended, rejected, duplicate."""
+    with Ledger.open(url) as ledger:
+        events = [
+            {"type": "node-registered", "node": "n1", "slots": 2},
+            {"type": "heartbeat", "node": "n1"},
+            {"type": "alloc-placed", "alloc": "a1", "node": "n1", "slot": 0,
+             "addresses": ["10.0.0.5"], "max_disconnect": 60, "id": "p-a1"},
+            {"type": "alloc-placed", "alloc": "a2", "node": "n1", "slot": 0},
+            {"type": "alloc-placed", "alloc": "a1", "node": "n1", "slot": 1},
+            {"type": "alloc-placed", "alloc": "t2", "node": "n1", "addresses": ["10.0.0.5"]},
+            {"type": "alloc-placed", "alloc": "a1", "node": "n1", "slot": 0,
+             "addresses": ["10.0.0.5"], "max_disconnect": 60, "id": "p-a1"},
+            {"type": "alloc-updated", "alloc": "a1", "client_status": "running"},
+            {"type": "heartbeat-missed", "node": "n1"},
+        ]
+        return [(r.status, r.position, r.error) for r in (ledger.submit(e) for e in events)]
+
+
+def test_the_rules_answer_alike_in_both_stores(store_url, tables, project):
+    receipts = story(store_url)
+
+    assert receipts == [
+        ("appended", 1, None),
+        ("appended", 2, None),
+        ("appended", 3, None),
+        ("rejected", 4, "slot n1#0 is already held by allocation a1"),
+        ("rejected", 5, "allocation a1 already holds slot n1#0"),
+        ("rejected", 6, "address 10.0.0.5 is still held by allocation a1, which has not shut down"),
+        ("duplicate", 3, None),
+        ("appended", 7, None),
+        ("appended", 8, None),
+    ]
+    project(store_url)
+    read = tables(store_url)
+    assert read.value("SELECT client_status FROM allocations WHERE alloc = ?", "a1") == "unknown"
+    assert [r["alloc"] for r in read.rows("SELECT alloc FROM needs_reconnect")] == ["a1"]
+    assert read.value("SELECT COUNT(*) FROM rejections") == 3
+
+
+def test_positions_and_ids_survive_reopening(store_url):
+    story(store_url)
+
+    with Ledger.open(store_url) as ledger:
+        again = ledger.submit({"type": "alloc-placed", "alloc": "zz", "node": "n1", "id": "p-a1"})
+        after = ledger.submit({"type": "heartbeat", "node": "n1"})
+
+    assert (again.status, again.position) == ("duplicate", 3)
+    assert (after.status, after.position) == ("appended", 9)
+
+
+def test_one_simulated_history_gives_the_same_answers_in_both_stores(
+    tmp_path, pg_url, tables, replayed, alloc_ledger
+):
+    sqlite_url = f"sqlite:///{tmp_path}/l.db"
+    history = [json.dumps(e) for e in generate(3000, nodes=30, slots=4, seed=11)] + [
+        json.dumps({"at": "2026-01-02T00:00:00Z", **event}) for event in (
+            {"type": "alloc-placed", "alloc": "race-1", "node": "n00001", "slot": 0},
+            {"type": "alloc-placed", "alloc": "race-2", "node": "n00001", "slot": 0},
+            {"type": "heartbeat", "node": "nobody"},
+            {"type": "heartbeat", "node": 7},
+        )
+    ]
+    receipts = {}
+    for url in (sqlite_url, pg_url):
+        with Ledger.open(url) as ledger:
+            receipts[url] = [r.as_dict() for r in ledger.submit_many(history, batch=250)]
+
+    assert receipts[sqlite_url] == receipts[pg_url]
+    assert {r["status"] for r in receipts[pg_url]} == {"appended", "rejected", "invalid"}
+    for question in QUESTIONS:
+        answers = [
+            alloc_ledger("query", *question, "--wait", "--format", "json", url=url)
+            for url in (sqlite_url, pg_url)
+        ]
+        assert [a.returncode for a in answers] == [0, 0], answers
+        assert json.loads(answers[0].stdout) == json.loads(answers[1].stdout), question
+    assert tables(pg_url).snapshot() == tables(sqlite_url).snapshot()
+    assert tables(pg_url).snapshot() == replayed(pg_url)
+
+
+def test_as_of_and_history_read_the_log(store_url, alloc_ledger):
+    story(store_url)
+
+    slots = alloc_ledger("query", "slots", "--as-of", "2", "--format", "json", url=store_url)
+    history = alloc_ledger("query", "history", "10.0.0.5", "--format", "json", url=store_url)
+
+    assert slots.returncode == 0, slots.stderr
+    assert [s["state"] for s in json.loads(slots.stdout)] == ["free", "free"]
+    assert history.returncode == 0, history.stderr
+    assert [(h["position"], h["status"]) for h in json.loads(history.stdout)] == [
+        (3, "appended"), (6, "rejected"),
+    ]
+
+
+@pytest.mark.parametrize("statement", [
+    "UPDATE stored_events SET topic = 'forged'",
+    "DELETE FROM stored_events",
+    "UPDATE event_hashes SET hash = 'forged'",
+    "DELETE FROM event_hashes",
+])
+def test_the_event_log_is_append_only_in_the_database(store_url, statement, tables):
+    story(store_url)
+    store = open_store(store_url)
+
+    try:
+        with pytest.raises(StoreUnavailable, match="append-only"), store.writing() as cursor:
+            cursor.execute(statement)
+    finally:
+        store.close()
+
+    assert tables(store_url).head() == 8
+
+
+@pytest.mark.parametrize("table", ["stored_events", "event_hashes"])
+def test_even_the_owner_cannot_truncate_the_log(pg_url, pg_schema, pg_admin, table):
+    story(pg_url)
+
+    with pytest.raises(Exception, match="append-only"):
+        pg_admin(f"TRUNCATE {pg_schema}.{table}")
+
+
+# -- PostgreSQL only ------------------------------------------------------------
+
+
+def test_the_schema_is_created_when_missing_and_schemas_are_separate_ledgers(
+    pg_url, pg_schema, pg_admin, tables
+):
+    other_schema = f"{pg_schema}_b"
+    other = pg_url.replace(f"schema={pg_schema}", f"schema={other_schema}")
+    try:
+        story(pg_url)
+        with Ledger.open(other) as ledger:
+            first = ledger.submit({"type": "node-registered", "node": "solo"})
+        assert first.position == 1
+        assert tables(pg_url).head() == 8
+    finally:
+        pg_admin(f"DROP SCHEMA IF EXISTS {other_schema} CASCADE")
+
+
+def test_writers_decide_against_their_own_tables_and_projections_follow(
+    pg_url, tables, replayed, project
+):
+    story(pg_url)
+    read = tables(pg_url)
+
+    assert read.value("SELECT client_status FROM state_allocations WHERE alloc = 'a1'") == "unknown"
+    assert read.rows("SELECT * FROM allocations") == []
+    assert read.tracked() == 0
+
+    project(pg_url)
+
+    assert read.tracked() == 8
+    assert read.snapshot() == replayed(pg_url)
+
+
+def test_inline_projections_keep_the_tables_current_in_the_writers_transaction(
+    pg_url, tables, replayed
+):
+    inline = option(pg_url, "projections=inline")
+    story(inline)
+    read = tables(inline)
+
+    assert read.tracked() == 8
+    assert read.snapshot() == replayed(inline)
+    assert read.rows("SELECT value, position FROM alloc_states") == [{"value": "unknown", "position": 8}]
+
+
+# -- errors ---------------------------------------------------------------------
+
+
+@pytest.fixture
+def server(pg_dsn) -> dict[str, str]:
+    parts = urlsplit(pg_dsn)
+    return {
+        "where": f"{parts.hostname}:{parts.port or 5432}",
+        "database": parts.path.lstrip("/"),
+        "user": parts.username or "",
+    }
+
+
+@pytest.fixture
+def fails_to_open(alloc_ledger):
+    def check(url: str, reason: str) -> str:
+        result = alloc_ledger("query", "nodes", url=url)
+        assert result.returncode == 3, result
+        assert result.stdout == ""
+        lines = result.stderr.splitlines()
+        assert len(lines) == 1, result.stderr
+        assert lines[0].startswith("Error: cannot open store postgresql://"), lines[0]
+        assert reason in lines[0], lines[0]
+        return lines[0]
+
+    return check
+
+
+def test_an_unreachable_server_is_exit_3_in_one_line(server, fails_to_open):
+    fails_to_open(f"postgresql://{server['user']}@127.0.0.1:1/{server['database']}",
+                  "server 127.0.0.1:1 unreachable")
+
+
+def test_a_missing_database_is_exit_3_in_one_line(server, fails_to_open):
+    fails_to_open(f"postgresql://{server['user']}@{server['where']}/no_such_database_here",
+                  'database "no_such_database_here" does not exist')
+
+
+def test_an_unknown_role_is_exit_3_in_one_line_without_showing_its_password(
+    server, fails_to_open
+):
+    line = fails_to_open(f"postgresql://no_such_role:s3cret@{server['where']}/{server['database']}",
+                         'role "no_such_role" does not exist')
+    assert "s3cret" not in line
+    assert "no_such_role:***@" in line
+
+
+def test_a_wrong_password_is_exit_3_in_one_line(server, pg_admin, alloc_ledger, fails_to_open):
+    role = f"pw_{time.time_ns()}"
+    pg_admin(f"CREATE ROLE {role} LOGIN PASSWORD 'right-one'")
+    try:
+        url = f"postgresql://{role}:wrong-one@{server['where']}/{server['database']}?schema={role}"
+        if "password" not in alloc_ledger("query", "nodes", url=url).stderr:
+            pytest.skip("this server trusts the connection (pg_hba trust): passwords are not checked")
+        line = fails_to_open(url, f'password authentication failed for user "{role}"')
+        assert "wrong-one" not in line
+    finally:
+        pg_admin(f"DROP SCHEMA IF EXISTS {role} CASCADE")
+        pg_admin(f"DROP OWNED BY {role}")
+        pg_admin(f"DROP ROLE {role}")
+
+
+class RefusingServer:
+    """Speaks just enough of the PostgreSQL protocol to ask for a password and
+    refuse it, as a server with password authentication does (SQLSTATE 28P01)."""
+
+    def __init__(self) -> None:
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.port = self.listener.getsockname()[1]
+        self.thread = threading.Thread(target=self._serve, daemon=True)
+        self.thread.start()
+
+    def _serve(self) -> None:
+        with contextlib.suppress(OSError):
+            while True:
+                connection, _ = self.listener.accept()
+                with connection:
+                    self._refuse(connection)
+
+    @staticmethod
+    def _read(connection: socket.socket, size: int) -> bytes:
+        data = b""
+        while len(data) < size:
+            chunk = connection.recv(size - len(data))
+            if not chunk:
+                raise OSError("client went away")
+            data += chunk
+        return data
+
+    def _refuse(self, connection: socket.socket) -> None:
+        with contextlib.suppress(OSError):
+            while True:  # SSL and GSS encryption requests: "N", no
+                length, code = struct.unpack("!ii", self._read(connection, 8))
+                if code not in (80877103, 80877104):
+                    break
+                connection.sendall(b"N")
+            startup = self._read(connection, length - 8).split(b"\0")
+            user = startup[startup.index(b"user") + 1].decode()
+            connection.sendall(b"R" + struct.pack("!ii", 8, 3))  # cleartext password, please
+            _, length = struct.unpack("!ci", self._read(connection, 5))
+            self._read(connection, length - 4)
+            fields = [b"SFATAL", b"VFATAL", b"C28P01",
+                      f'Mpassword authentication failed for user "{user}"'.encode()]
+            body = b"".join(f + b"\0" for f in fields) + b"\0"
+            connection.sendall(b"E" + struct.pack("!i", len(body) + 4) + body)
+
+    def close(self) -> None:
+        self.listener.close()
+
+
+def test_a_refused_password_is_exit_3_in_one_line_without_showing_it(fails_to_open):
+    server = RefusingServer()
+    try:
+        line = fails_to_open(f"postgresql://ops:wrong-one@127.0.0.1:{server.port}/ledger",
+                             'password authentication failed for user "ops"')
+    finally:
+        server.close()
+
+    assert "wrong-one" not in line
+
+
+@pytest.mark.parametrize("extra, reason", [
+    ("schema=Bad-Name", "schema name 'Bad-Name'"),
+    ("projections=sometimes", "projections=sometimes"),
+    ("colour=blue", "unknown option 'colour'"),
+])
+def test_a_bad_url_is_exit_3_in_one_line(pg_dsn, fails_to_open, extra, reason):
+    fails_to_open(option(pg_dsn, extra), reason)
+
+
+def test_a_dropped_connection_mid_stream_leaves_nothing_half_written(
+    pg_url, tmp_path: Path, tables, replayed, pg_admin, alloc_ledger
+):
+    events = tmp_path / "events.jsonl"
+    events.write_text("".join(json.dumps(e) + "\n" for e in generate(20000, 50, 4, seed=3)))
+    read = tables(pg_url)
+    stop = threading.Event()
+
+    def cut_when_halfway() -> None:
+        while not stop.is_set() and read.head() < 2000:
+            time.sleep(0.02)
+        pg_admin("SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                 "WHERE application_name = 'cut-me'")
+
+    cutter = threading.Thread(target=cut_when_halfway)
+    cutter.start()
+    try:
+        result = alloc_ledger("submit", str(events), "--batch", "100",
+                              url=option(pg_url, "application_name=cut-me"))
+    finally:
+        stop.set()
+        cutter.join()
+
+    acknowledged = result.stdout.splitlines()
+    assert result.returncode == 3, result.stderr[-500:]
+    assert len(result.stderr.splitlines()) == 1, result.stderr
+    assert 2000 <= read.head() < 20000
+    assert len(acknowledged) == read.head()
+    assert read.snapshot("state_", DECISION_TABLES) == replayed(pg_url, only=DECISION_TABLES)

@@ -1,0 +1,154 @@
+"""Who may do what (PostgreSQL): ``alloc-ledger grant-reporting ROLE`` lets a
+reporting role read the projection tables and views, and nothing else; the
+event log is append-only even for the ledger's own role.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import Iterator
+from typing import Any
+from urllib.parse import urlsplit
+
+import psycopg
+import pytest
+
+from ledger.application import Ledger
+
+PROJECTIONS = ["nodes", "slots", "allocations", "alloc_states", "addresses", "rejections"]
+VIEWS = ["needs_reconnect", "zombie_slots"]
+HIDDEN = ["stored_events", "event_ids", "event_hashes", "tracking", "state_nodes",
+          "state_slots", "state_allocations", "state_addresses"]
+
+
+@pytest.fixture
+def role(pg_admin) -> Iterator[str]:
+    name = f"report_{uuid.uuid4().hex[:10]}"
+    pg_admin(f"CREATE ROLE {name} LOGIN")
+    yield name
+    pg_admin(f"DROP OWNED BY {name}")
+    pg_admin(f"DROP ROLE {name}")
+
+
+@pytest.fixture
+def ledger_url(pg_url, project) -> str:
+    with Ledger.open(pg_url) as ledger:
+        for event in (
+            {"type": "node-registered", "node": "n1", "slots": 1},
+            {"type": "heartbeat", "node": "n1"},
+            {"type": "alloc-placed", "alloc": "a1", "node": "n1", "slot": 0, "id": "e1"},
+            {"type": "alloc-placed", "alloc": "a2", "node": "n1", "slot": 0},
+        ):
+            ledger.submit(event)
+    project(pg_url)
+    return str(pg_url)
+
+
+@pytest.fixture
+def as_role(pg_dsn, pg_schema, role) -> Iterator[Any]:
+    """Run one statement as the reporting role, in its own transaction."""
+    parts = urlsplit(pg_dsn)
+    connection = psycopg.connect(
+        host=parts.hostname, port=parts.port or 5432, dbname=parts.path.lstrip("/"), user=role,
+        autocommit=True, options=f"-c search_path={pg_schema}",
+    )
+
+    def run(statement: str) -> list[tuple[Any, ...]]:
+        cursor = connection.execute(statement)
+        return cursor.fetchall() if cursor.description else []
+
+    yield run
+    connection.close()
+
+
+@pytest.fixture
+def granted(ledger_url, role, alloc_ledger) -> str:
+    result = alloc_ledger("grant-reporting", role, url=ledger_url)
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout) == {"role": role, "select": PROJECTIONS + VIEWS}
+    return role
+
+
+@pytest.mark.parametrize("name", PROJECTIONS + VIEWS)
+def test_the_reporting_role_reads_the_projection_tables_and_views(granted, as_role, name):
+    as_role(f"SELECT * FROM {name}")
+
+
+def test_the_reporting_role_sees_the_answers(granted, as_role):
+    assert as_role("SELECT node, slot, state, alloc FROM slots") == [("n1", 0, "allocated", "a1")]
+    assert as_role("SELECT position, entity FROM rejections") == [(4, "a2")]
+
+
+@pytest.mark.parametrize("name", HIDDEN)
+def test_the_reporting_role_cannot_read_the_log_or_the_writers_tables(granted, as_role, name):
+    with pytest.raises(psycopg.errors.InsufficientPrivilege):
+        as_role(f"SELECT * FROM {name}")
+
+
+@pytest.mark.parametrize("statement", [
+    (
+        "INSERT INTO nodes (node, status, health, slots, slots_used, allocs, since_position, "
+        "lost_allocs, registered_position) VALUES ('x', 'ready', 'ok', 0, 0, 0, 1, '[]', 1)"
+    ),
+    "UPDATE slots SET alloc = NULL",
+    "DELETE FROM allocations",
+    "TRUNCATE addresses",
+    (
+        "INSERT INTO stored_events (originator_id, originator_version, topic, state) "
+        "VALUES (gen_random_uuid(), 1, 'forged', '')"
+    ),
+    "UPDATE stored_events SET topic = 'forged'",
+    "DELETE FROM stored_events",
+    "INSERT INTO event_ids VALUES ('forged', 1)",
+    "UPDATE tracking SET notification_id = 0",
+    "UPDATE state_slots SET alloc = NULL",
+    "CREATE TABLE sneaky (x int)",
+    "CREATE VIEW sneaky AS SELECT 1",
+    "DROP TABLE nodes",
+    "ALTER TABLE nodes ADD COLUMN sneaky int",
+])
+def test_the_reporting_role_cannot_write_anywhere(granted, as_role, statement):
+    with pytest.raises(psycopg.errors.InsufficientPrivilege):
+        as_role(statement)
+
+
+def test_before_the_grant_the_role_reads_nothing(ledger_url, role, as_role, pg_schema):
+    with pytest.raises(psycopg.errors.InsufficientPrivilege):
+        as_role(f"SELECT * FROM {pg_schema}.nodes")
+
+
+def test_granting_twice_is_harmless(granted, alloc_ledger, ledger_url, as_role):
+    again = alloc_ledger("grant-reporting", granted, url=ledger_url)
+
+    assert again.returncode == 0, again.stderr
+    assert as_role("SELECT COUNT(*) FROM nodes") == [(1,)]
+
+
+def test_an_unknown_role_is_one_clear_line(ledger_url, alloc_ledger):
+    result = alloc_ledger("grant-reporting", "no_such_role_here", url=ledger_url)
+
+    assert result.returncode == 1
+    assert result.stderr == (
+        'Error: cannot grant reporting to no_such_role_here: role "no_such_role_here" does not exist\n'
+    )
+
+
+def test_sqlite_has_no_roles(tmp_path, alloc_ledger):
+    result = alloc_ledger("grant-reporting", "grafana", url=f"sqlite:///{tmp_path}/l.db")
+
+    assert result.returncode == 1
+    assert "needs a PostgreSQL store" in result.stderr
+
+
+@pytest.mark.parametrize("statement", [
+    "UPDATE stored_events SET topic = 'forged'",
+    "DELETE FROM stored_events",
+    "TRUNCATE stored_events",
+    "UPDATE event_hashes SET hash = 'forged'",
+    "DELETE FROM event_hashes WHERE position = 1",
+])
+def test_even_the_ledger_owner_cannot_change_the_log(ledger_url, pg_schema, pg_admin, statement):
+    with pytest.raises(psycopg.errors.InsufficientPrivilege, match="append-only"):
+        pg_admin(f"SET search_path = {pg_schema}; {statement}")
+    assert pg_admin(f"SELECT COUNT(*) FROM {pg_schema}.stored_events") == [(4,)]
