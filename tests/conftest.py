@@ -1,14 +1,20 @@
 """Shared fixtures: a fresh ledger per test, told a cluster story, read with plain SQL.
 
-``cluster`` opens a new SQLite ledger in the test's ``tmp_path``. Events are
-submitted the way a tool does (``Ledger.submit`` with a dict); state is read
-back from the documented projection tables with the standard ``sqlite3``
-module, as a reporting tool would.
+``cluster`` opens a new ledger, once on SQLite (a file in the test's
+``tmp_path``) and once on PostgreSQL (a fresh schema in the database named by
+``ALLOC_LEDGER_TEST_PG``, projections kept inline so they are current; skipped
+with a reason when the variable is unset, failed when ``ALLOC_LEDGER_REQUIRE_PG``
+says PostgreSQL must be tested). Events are submitted the way a tool does
+(``Ledger.submit`` with a dict); state is read back from the documented
+projection tables with plain SQL, as a reporting tool would (the standard
+``sqlite3`` module, or psycopg).
 """
 
 from __future__ import annotations
 
+import os
 import sqlite3
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -20,16 +26,62 @@ from ledger.application import Ledger, Receipt
 PROJECTIONS = ("nodes", "slots", "allocations", "alloc_states", "addresses")
 
 
-class ClusterStory:
-    """A cluster story told event by event to one ledger file."""
+PG_ENV = "ALLOC_LEDGER_TEST_PG"
 
-    def __init__(self, directory: Path) -> None:
-        self.path = directory / "l.db"
-        self.url = f"sqlite:///{directory}/l.db"
+
+def postgres_or_skip() -> str:
+    dsn = os.environ.get(PG_ENV)
+    if not dsn:
+        if os.environ.get("ALLOC_LEDGER_REQUIRE_PG"):
+            pytest.fail(f"{PG_ENV} is not set, and ALLOC_LEDGER_REQUIRE_PG says it must be")
+        pytest.skip(f"PostgreSQL half skipped: set {PG_ENV}=postgresql://user@host:port/db")
+    return dsn
+
+
+class SQLiteReader:
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+    def rows(self, sql: str, params: tuple[Any, ...]) -> list[dict[str, Any]]:
+        connection = sqlite3.connect(self.path)
+        connection.row_factory = sqlite3.Row
+        try:
+            return [dict(row) for row in connection.execute(sql, params)]
+        finally:
+            connection.close()
+
+    def drop(self) -> None:
+        pass
+
+
+class PostgresReader:
+    def __init__(self, dsn: str, schema: str) -> None:
+        import psycopg
+        from psycopg.rows import dict_row
+
+        self.connection = psycopg.connect(dsn, autocommit=True, row_factory=dict_row)
+        self.schema = schema
+
+    def rows(self, sql: str, params: tuple[Any, ...]) -> list[dict[str, Any]]:
+        self.connection.execute(f"SET search_path TO {self.schema}")
+        return list(self.connection.execute(sql.replace("?", "%s"), params).fetchall())
+
+    def drop(self) -> None:
+        self.connection.execute(f"DROP SCHEMA IF EXISTS {self.schema} CASCADE")
+        self.connection.close()
+
+
+class ClusterStory:
+    """A cluster story told event by event to one fresh ledger."""
+
+    def __init__(self, url: str, reader: SQLiteReader | PostgresReader) -> None:
+        self.url = url
+        self.reader = reader
         self.ledger = Ledger.open(self.url)
 
     def close(self) -> None:
         self.ledger.close()
+        self.reader.drop()
 
     def reopen(self) -> None:
         """Close the store and open a new ledger on the same file."""
@@ -75,12 +127,7 @@ class ClusterStory:
     # -- reading -------------------------------------------------------------
 
     def rows(self, sql: str, *params: Any) -> list[dict[str, Any]]:
-        connection = sqlite3.connect(self.path)
-        connection.row_factory = sqlite3.Row
-        try:
-            return [dict(row) for row in connection.execute(sql, params)]
-        finally:
-            connection.close()
+        return self.reader.rows(sql, params)
 
     def one(self, sql: str, *params: Any) -> dict[str, Any]:
         found = self.rows(sql, *params)
@@ -136,8 +183,15 @@ class ClusterStory:
             return self.ledger.store.head(cursor)
 
 
-@pytest.fixture
-def cluster(tmp_path: Path) -> Iterator[ClusterStory]:
-    story = ClusterStory(tmp_path)
+@pytest.fixture(params=["sqlite", "postgresql"])
+def cluster(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[ClusterStory]:
+    if request.param == "sqlite":
+        story = ClusterStory(f"sqlite:///{tmp_path}/l.db", SQLiteReader(tmp_path / "l.db"))
+    else:
+        dsn = postgres_or_skip()
+        schema = f"t_{uuid.uuid4().hex[:16]}"
+        separator = "&" if "?" in dsn else "?"
+        url = f"{dsn}{separator}schema={schema}&projections=inline"
+        story = ClusterStory(url, PostgresReader(dsn, schema))
     yield story
     story.close()
