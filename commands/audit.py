@@ -3,32 +3,20 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
-from contextlib import contextmanager
 from typing import Any
 
 import click
 
-from commands.cli import store_of
+from commands.cli import opened
 from commands.output import chosen, emit, emit_object, format_option
 from ledger.chain import Digest, current_digest
 from ledger.chain import verify as verify_chain
 from ledger.errors import LedgerError
-from ledger.store import Store, open_store
 from projections.audit import COLUMNS as AUDIT_COLUMNS
 from projections.audit import SECTIONS
 from projections.audit import audit as audit_history
 from projections.replay import OutOfRange
 from projections.replay import replay as replay_projections
-
-
-@contextmanager
-def opened(ctx: click.Context) -> Iterator[Store]:
-    store = open_store(store_of(ctx))
-    try:
-        yield store
-    finally:
-        store.close()
 
 
 class DigestType(click.ParamType):  # type: ignore[type-arg]  # generic from click 8.2 on

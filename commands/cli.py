@@ -6,11 +6,14 @@ from __future__ import annotations
 import importlib
 import os
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import click
 
 from ledger.errors import LedgerError, StoreUnavailable
+from ledger.store import Store
 
 
 class StoreError(click.ClickException):
@@ -90,6 +93,18 @@ def cli(ctx: click.Context, store: str) -> None:
 
 def store_of(ctx: click.Context) -> str:
     return str(ctx.find_root().obj["store"])
+
+
+@contextmanager
+def opened(ctx: click.Context) -> Iterator[Store]:
+    """The store the command line names, closed when the command is done."""
+    from ledger.store import open_store
+
+    store = open_store(store_of(ctx))
+    try:
+        yield store
+    finally:
+        store.close()
 
 
 def main() -> None:

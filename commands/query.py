@@ -9,14 +9,13 @@ from typing import Any
 
 import click
 
-from commands.cli import store_of
+from commands.cli import opened
 from commands.output import chosen, emit, emit_object, format_option
 from ledger.errors import LedgerError
 from ledger.model import timestamp
-from ledger.store import open_store
-from projections.projector import Projector
 from projections.asof import AsOf, state_at
 from projections.history import history as history_of
+from projections.projector import Projector
 from projections.queries import COLUMNS, Queries
 
 
@@ -66,8 +65,7 @@ def answering(ctx: click.Context, as_of: str | None) -> Iterator[tuple[Queries, 
     catches them up first, and a table on a terminal is preceded by
     ``lag: N positions behind the log`` on stderr when they are behind."""
     point = _point(as_of)
-    store = open_store(store_of(ctx))
-    try:
+    with opened(ctx) as store:
         if point is not None:
             connection, position = state_at(store, point)
             yield Queries(connection.cursor()), position
@@ -79,8 +77,6 @@ def answering(ctx: click.Context, as_of: str | None) -> Iterator[tuple[Queries, 
             if lag > 0 and chosen(ctx.params.get("fmt")) == "table":
                 click.echo(f"lag: {lag} positions behind the log", err=True)
             yield Queries(cursor, store.param), None
-    finally:
-        store.close()
 
 
 def _named(name: str, help_text: str) -> Callable[[Callable[..., Any]], click.Command]:
@@ -161,7 +157,7 @@ def alloc(ctx: click.Context, as_of: str | None, fmt: str | None, alloc_id: str)
         found = q.alloc(alloc_id)
         if found is None:
             raise click.ClickException(f"allocation {alloc_id} is not in the ledger")
-    with _log(ctx) as store:
+    with opened(ctx) as store:
         found["history"] = history_of(store, alloc_id, position)
     emit_object(found, fmt)
 
@@ -196,20 +192,11 @@ def rejections(ctx: click.Context, as_of: str | None, fmt: str | None) -> None:
 @click.argument("entity")
 def history(ctx: click.Context, as_of: str | None, fmt: str | None, entity: str) -> None:
     point = _point(as_of)
-    with _log(ctx) as store:
+    with opened(ctx) as store:
         upto = None
         if point is not None:
             upto = point.position if point.at is None else state_at(store, point)[1]
         emit(history_of(store, entity, upto), COLUMNS["history"], fmt)
-
-
-@contextmanager
-def _log(ctx: click.Context) -> Iterator[Any]:
-    store = open_store(store_of(ctx))
-    try:
-        yield store
-    finally:
-        store.close()
 
 
 COMMANDS = [query]
