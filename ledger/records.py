@@ -72,3 +72,16 @@ def replay(cluster: Cluster, record: Record) -> None:
         cluster.reject(record.event, record.reason or "", record.fact)
     else:
         cluster.apply(record.event, record.fact)
+
+
+def replay_stored(cluster: Cluster, stored: StoredEvent) -> str:
+    """``replay(cluster, decode(stored))`` without building a Record (replays
+    run this for every event of history); return the event's ``at``."""
+    state = orjson.loads(stored.state)
+    event = state["event"]
+    fact = Fact(stored.originator_version, event["at"])
+    if stored.topic == REJECTED:
+        cluster.reject(event, state.get("reason") or "", fact)
+    else:
+        cluster.apply(event, fact)
+    return fact.at

@@ -8,10 +8,12 @@ import sqlite3
 from dataclasses import dataclass
 from datetime import datetime
 
+from eventsourcing.persistence import StoredEvent
+
 from ledger.domain import Cluster
 from ledger.errors import LedgerError
 from ledger.model import timestamp
-from ledger.records import decode, replay
+from ledger.records import decode, replay_stored
 from ledger.store import Store
 from projections import checkpoints, tables
 from projections.rows import Statements, write_changes
@@ -51,16 +53,18 @@ def rebuild(
     start = checkpoints.nearest(store, upto, until) if every and bounded else None
     cluster, position, max_at = start if start is not None else (Cluster(), 0, "")
     for stored in store.read_log(position, upto):
-        record = decode(stored)
-        at = record.event["at"]
-        if until is not None and at > until:
+        if until is not None and _at(stored) > until:
             break
-        replay(cluster, record)
-        position = record.position
+        at = replay_stored(cluster, stored)
+        position = stored.originator_version
         max_at = max(max_at, at)
         if every and position % every == 0:
             checkpoints.keep(store, cluster, position, max_at)
     return cluster, position
+
+
+def _at(stored: StoredEvent) -> str:
+    return str(decode(stored).event["at"])
 
 
 def materialize(cluster: Cluster) -> sqlite3.Connection:
