@@ -27,8 +27,7 @@ from typing import Any
 
 from ledger.domain import Cluster
 from ledger.errors import LedgerError
-from ledger.records import decode
-from ledger.records import replay as replay_record
+from ledger.records import replay_stored
 from ledger.store import Store
 from projections import tables
 from projections.asof import AsOf, rebuild
@@ -109,10 +108,10 @@ class ReplayReport:
 
 class Scratch:
     """Scratch projection tables replayed from the log, a chunk of events per
-    transaction: entities are loaded from the scratch tables as needed and
-    everything the chunk changed is written once, at its end (so no
-    transaction reads after writing, which a pipelined connection cannot
-    answer reliably)."""
+    transaction: the replayed state stays in memory from chunk to chunk (as
+    an as-of replay's does) and everything a chunk changed is written once,
+    at its end (so no transaction reads after writing, which a pipelined
+    connection cannot answer reliably)."""
 
     def __init__(self, store: Store, prefix: str) -> None:
         self.store = store
@@ -134,9 +133,8 @@ class Scratch:
             with self.store.projecting() as cursor:
                 self.source.cursor = cursor
                 for stored in self.store.read_log(self.position, end):
-                    replay_record(self.cluster, decode(stored))
+                    replay_stored(self.cluster, stored)
                 write_changes(cursor, self.sql, self.cluster.take_changes())
-            self.cluster.forget()
             self.position = end
             self.seconds += time.perf_counter() - started
 
