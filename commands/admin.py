@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import signal
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -38,7 +39,9 @@ def project(ctx: click.Context, follow: bool, batch: int, poll: float) -> None:
     recording how far it got, so an interrupted run (even kill -9) resumes
     where it stopped and never applies an event twice. With --follow, keep
     going: on PostgreSQL each append wakes the follower (LISTEN/NOTIFY); one
-    JSON progress line is printed per transaction.
+    JSON progress line is printed per transaction, and Ctrl-C or SIGTERM stops
+    it cleanly. Several followers may run at once: each transaction locks the
+    tracking row, so no event is applied twice.
 
     \b
     Example: alloc-ledger project
@@ -54,26 +57,31 @@ def project(ctx: click.Context, follow: bool, batch: int, poll: float) -> None:
 
 def _catch_up(ledger: Ledger, batch: int, report: bool = False) -> tuple[int, int]:
     """Apply everything appended so far, one transaction per batch."""
-    first = last = None
+    first: int | None = None
     while True:
         start, end = ledger.project(limit=batch)
-        first = start if first is None else first
-        last = end
+        if first is None:
+            first = start
         if end <= start:
-            return first, last
+            return first, end
         if report:
             _progress({"from": start, "to": end, "applied": end - start, "lag": ledger.lag()})
 
 
 def _follow(ledger: Ledger, batch: int, poll: float) -> None:
+    signal.signal(signal.SIGTERM, _interrupt)  # a service manager's stop ends it cleanly too
     with _appends(ledger.store) as wait:
-        _progress({"following": True, "lag": ledger.lag()})
         try:
+            _progress({"following": True, "lag": ledger.lag()})
             while True:
                 _catch_up(ledger, batch, report=True)
                 wait(poll)
         except KeyboardInterrupt:
             _progress({"stopped": True, "lag": ledger.lag()})
+
+
+def _interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt
 
 
 @contextmanager

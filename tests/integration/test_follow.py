@@ -177,3 +177,14 @@ def test_project_applies_in_batches_and_reports_the_span(pg_url, alloc_ledger, t
     assert json.loads(done.stdout) == {"from": 0, "to": 3, "applied": 3}
     assert json.loads(again.stdout) == {"from": 3, "to": 3, "applied": 0}
     assert tables(pg_url).tracked() == 3
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_follow_on_sqlite_polls_and_stops_cleanly(tmp_path, sig):
+    url = f"sqlite:///{tmp_path}/l.db"
+    follower = Follower(url, batch=10)
+
+    code, errors = follower.stop(sig)
+
+    assert (code, errors) == (0, "")
+    assert follower.lines == [{"following": True, "lag": 0}, {"stopped": True, "lag": 0}]
