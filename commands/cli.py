@@ -24,7 +24,13 @@ class StoreError(click.ClickException):
 
 MODULES = ("submit", "query", "admin", "audit", "demo")
 # Where the commands run one-shot by tools live, so only that module is imported.
-HOME = {"submit": "submit", "query": "query", "project": "admin", "schema": "admin"}
+HOME = {
+    "submit": "submit",
+    "query": "query",
+    "project": "admin",
+    "schema": "admin",
+    "grant-reporting": "admin",
+}
 
 
 class LedgerGroup(click.Group):
