@@ -25,6 +25,7 @@ from projections.projector import Projector
 from projections.rows import Statements, TableSource, write_changes
 
 Submission = dict[str, Any] | str | bytes
+CACHE_LIMIT = 200_000  # entities a writer keeps in memory between batches
 
 
 @dataclass(frozen=True, slots=True)
@@ -146,6 +147,8 @@ class Ledger:
             write_changes(cursor, self.sql, self.cluster.take_changes(), decisions_only=True)
             self._project_inline(cursor, head)
         self._head = head
+        if self.cluster.size() > CACHE_LIMIT:
+            self.cluster.forget()  # memory stays bounded; entities reload on demand
         return receipts
 
     def _record(self, event: Event, position: int, recorded_at: str) -> Record | Receipt:

@@ -597,6 +597,10 @@ class Cluster:
         self._rejections = []
         return changes
 
+    def size(self) -> int:
+        """How many entities are held in memory."""
+        return len(self.nodes) + len(self.allocs) + len(self.addresses)
+
     def forget(self) -> None:
         """Drop everything loaded (another writer may have changed the store)."""
         for cache in (self.nodes, self.slot_tables, self.allocs, self.addresses):
