@@ -165,3 +165,17 @@ def test_as_of_from_a_checkpoint_equals_as_of_from_scratch(stream, data):
                 assert p1 == p2 == p3
                 assert rows(materialize(again)) == rows(materialize(scratch))
                 assert rows(materialize(first)) == rows(materialize(scratch))
+
+
+def test_a_writer_that_forgets_its_cache_decides_alike(tmp_path, monkeypatch):
+    from ledger import application
+    from scripts.simulate import generate
+
+    stream = list(generate(3000, nodes=40, slots=2, seed=3))
+    with Ledger.open(f"sqlite:///{tmp_path / 'remembers.db'}") as ledger:
+        remembered = [r.as_dict() for r in ledger.submit_many(stream, batch=100)]
+    monkeypatch.setattr(application, "CACHE_LIMIT", 10)
+    with Ledger.open(f"sqlite:///{tmp_path / 'forgets.db'}") as ledger:
+        forgotten = [r.as_dict() for r in ledger.submit_many(stream, batch=100)]
+    assert forgotten == remembered
+    assert live_rows(tmp_path / "forgets.db") == live_rows(tmp_path / "remembers.db")
