@@ -16,12 +16,12 @@ from typing import Any, Protocol
 
 from ledger import errors
 from ledger.model import (
-    Event,
     DESIRED_ORDER,
     LIVE,
     AddressHold,
     Allocation,
     AllocState,
+    Event,
     Fact,
     Node,
     Rejection,
@@ -227,12 +227,13 @@ class Cluster:
             raise errors.NodeNotReady(node.node, node.status)
         if node.health == "suspect":
             raise errors.NodeSuspect(node.node)
-        if event.get("slot") is not None:
-            if event.get("slot") >= node.slots:
-                raise errors.SlotOutOfRange(node.node, event.get("slot"), node.slots)
-            holder = self.slot_table(node.node)[event.get("slot")].alloc
+        index: int | None = event.get("slot")
+        if index is not None:
+            if index >= node.slots:
+                raise errors.SlotOutOfRange(node.node, index, node.slots)
+            holder = self.slot_table(node.node)[index].alloc
             if holder is not None:
-                raise errors.SlotHeld(node.node, event.get("slot"), holder)
+                raise errors.SlotHeld(node.node, index, holder)
         for address in event.get("addresses") or ():
             hold = self.address(address)
             if hold is not None:
@@ -284,14 +285,15 @@ class Cluster:
     def register_node(self, event: Event, fact: Fact) -> None:
         if self.node(event["node"]) is not None:
             raise errors.NodeAlreadyRegistered(event["node"])
-        if event.get("parent") is not None:
-            parent = self.node(event.get("parent"))
+        parent_name: str | None = event.get("parent")
+        if parent_name is not None:
+            parent = self.node(parent_name)
             if parent is None:
-                raise errors.ParentUnavailable(event.get("parent"), "not registered")
+                raise errors.ParentUnavailable(parent_name, "not registered")
             if parent.status in ("down", "removed"):
-                raise errors.ParentUnavailable(event.get("parent"), parent.status)
-            self.child_nodes(event.get("parent")).add(event["node"])
-            self._touch(event.get("parent"))
+                raise errors.ParentUnavailable(parent_name, parent.status)
+            self.child_nodes(parent_name).add(event["node"])
+            self._touch(parent_name)
         node = Node(
             event["node"],
             event["slots"],
@@ -360,7 +362,7 @@ class Cluster:
 
     def suspect(self, event: Event, fact: Fact) -> None:
         node = self.check_node_exists(event["node"])
-        self._set_suspect(node, event.get("reason"), fact)
+        self._set_suspect(node, event["reason"], fact)
 
     def check_health(self, event: Event, fact: Fact) -> None:
         node = self.check_node_exists(event["node"])
@@ -389,8 +391,8 @@ class Cluster:
         self.allocs[alloc.alloc] = alloc
         self.live_allocs(node.node).add(alloc.alloc)
         node.allocs += 1
-        if event.get("slot") is not None:
-            slot = self.slot_table(node.node)[event.get("slot")]
+        if alloc.slot is not None:
+            slot = self.slot_table(node.node)[alloc.slot]
             slot.alloc = alloc.alloc
             slot.state = "allocated"
             slot.since_position = fact.position

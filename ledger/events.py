@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import json
 from datetime import UTC, datetime
-from typing import Annotated, Any, Literal, Union, get_type_hints
+from typing import Annotated, Any, Literal, NotRequired, Union, get_type_hints
 
 import orjson
 from pydantic import (
@@ -24,7 +24,7 @@ from pydantic import (
     ValidationError,
     with_config,
 )
-from typing_extensions import NotRequired, TypedDict
+from typing_extensions import TypedDict
 
 from ledger.errors import InvalidEvent
 from ledger.model import Event, timestamp
@@ -172,11 +172,11 @@ DEFAULTS: dict[str, dict[str, Any]] = {
 }
 
 
-AnyEvent = Annotated[
-    Union[tuple(EVENT_TYPES.values())],  # type: ignore[valid-type]  # noqa: UP007
+AnyEvent = Annotated[  # type: ignore[valid-type]
+    Union[tuple(EVENT_TYPES.values())],  # noqa: UP007
     Field(discriminator="type"),
 ]
-_adapter: TypeAdapter[dict[str, Any]] = TypeAdapter(AnyEvent)
+_adapter: TypeAdapter[dict[str, Any]] = TypeAdapter(AnyEvent)  # type: ignore[arg-type]
 
 
 def json_schema() -> dict[str, Any]:
