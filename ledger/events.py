@@ -11,7 +11,6 @@ Optional fields may be left out or given as ``null``.
 from __future__ import annotations
 
 import json
-from datetime import UTC, datetime
 from typing import Annotated, Any, Literal, NotRequired, Union, get_type_hints
 
 import orjson
@@ -27,7 +26,7 @@ from pydantic import (
 from typing_extensions import TypedDict
 
 from ledger.errors import InvalidEvent
-from ledger.model import Event, timestamp
+from ledger.model import Event
 
 MAX_SLOTS = 1024
 STRICT = ConfigDict(extra="forbid", strict=True)
@@ -236,13 +235,6 @@ def received(data: str | bytes | dict[str, Any]) -> Event:
         event = {k: v for k, v in event.items() if v is not None}
     defaults = DEFAULTS.get(event["type"])
     return event if defaults is None else defaults | event
-
-
-def parse(data: str | bytes | dict[str, Any]) -> Event:
-    """Validate one event and stamp ``at`` with now when it has none."""
-    event = received(data)
-    event["at"] = timestamp(event.get("at") or datetime.now(UTC))
-    return event
 
 
 def field_types(event_type: str) -> dict[str, Any]:
