@@ -22,7 +22,7 @@ from ledger.model import Event, Fact, timestamp
 from ledger.records import REJECTED, Record, encode
 from ledger.store import Store, open_store
 from projections.projector import Projector
-from projections.rows import Statements, TableSource, preload, write_changes
+from projections.rows import Statements, TableSource, write_changes
 
 Submission = dict[str, Any] | str | bytes
 CACHE_LIMIT = 200_000  # entities a writer keeps in memory between batches
@@ -115,8 +115,7 @@ class Ledger:
         self.source.cursor = cursor
         if head != self._head:
             self.cluster.forget()  # another process wrote since we last did
-        if self.store.dialect == "postgresql":  # one round trip, not one per entity
-            preload(cursor, self.sql, self.cluster, batch)
+        self.store.preload(cursor, self.sql, self.cluster, batch)
         known = self.store.known_ids(cursor, [e["id"] for e in batch if "id" in e])
         moment = now()
         recorded_at = timestamp(moment)

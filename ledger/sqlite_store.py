@@ -119,6 +119,9 @@ class SQLiteStore:
         except (sqlite3.Error, PersistenceError) as error:
             raise StoreUnavailable(f"store {self.url}: {describe(error)}") from None
 
+    def preload(self, cursor: Any, sql: Any, cluster: Any, batch: list[dict[str, Any]]) -> None:
+        """Nothing to do: an entity loaded on demand costs no round trip here."""
+
     def head(self, cursor: Any) -> int:
         cursor.execute(
             "SELECT MAX(originator_version) FROM stored_events WHERE originator_id = ?",

@@ -41,6 +41,10 @@ class Store(Protocol):
     def reading(self) -> AbstractContextManager[Any]:
         """A read-only transaction with a consistent view."""
 
+    def preload(self, cursor: Any, sql: Any, cluster: Any, batch: list[dict[str, Any]]) -> None:
+        """Load what a batch names into the cluster's caches, where a load costs
+        a round trip (the domain would otherwise load entities one by one)."""
+
     def head(self, cursor: Any) -> int:
         """The position of the last event in the log (0 when empty)."""
 
