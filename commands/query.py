@@ -13,7 +13,7 @@ from commands.cli import opened
 from commands.output import chosen, emit, emit_object, format_option
 from ledger.errors import LedgerError
 from ledger.model import timestamp
-from projections.asof import AsOf, state_at
+from projections.asof import AsOf, rebuild, state_at
 from projections.history import history as history_of
 from projections.projector import Projector
 from projections.queries import COLUMNS, Queries
@@ -195,7 +195,7 @@ def history(ctx: click.Context, as_of: str | None, fmt: str | None, entity: str)
     with opened(ctx) as store:
         upto = None
         if point is not None:
-            upto = point.position if point.at is None else state_at(store, point)[1]
+            upto = point.position if point.at is None else rebuild(store, point)[1]
         emit(history_of(store, entity, upto), COLUMNS["history"], fmt)
 
 
