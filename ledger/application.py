@@ -22,7 +22,7 @@ from ledger.model import Event, Fact, timestamp
 from ledger.records import REJECTED, Record, encode
 from ledger.store import Store, open_store
 from projections.projector import Projector
-from projections.rows import Statements, TableSource, write_changes
+from projections.rows import Statements, TableSource
 
 Submission = dict[str, Any] | str | bytes
 CACHE_LIMIT = 200_000  # entities a writer keeps in memory between batches
@@ -145,7 +145,8 @@ class Ledger:
         if kept:
             self.store.append(cursor, kept, self._chain(cursor, kept))
             self.store.remember_ids(cursor, new_ids)
-            write_changes(cursor, self.sql, self.cluster.take_changes(), decisions_only=True)
+            changes = self.cluster.take_changes()
+            self.store.write_changes(cursor, self.sql, changes, decisions_only=True)
             self._project_inline(cursor, head)
         self._head = head
         if self.cluster.size() > CACHE_LIMIT:

@@ -36,7 +36,7 @@ from psycopg.rows import tuple_row
 from ledger.errors import LedgerError, StoreUnavailable
 from ledger.model import AddressHold, Slot
 from ledger.store import LEDGER_STREAM, PROJECTIONS
-from projections import tables
+from projections import rows, tables
 from projections.rows import (
     ADDRESS_COLUMNS,
     ALLOC_COLUMNS,
@@ -372,6 +372,11 @@ class PostgresStore:
     def remember_ids(self, cursor: Any, pairs: list[tuple[str, int]]) -> None:
         if pairs:
             cursor.executemany("INSERT INTO event_ids (id, position) VALUES (%s, %s)", pairs)
+
+    def write_changes(
+        self, cursor: Any, sql: Any, changes: Any, decisions_only: bool = False
+    ) -> None:
+        rows.write_changes(cursor, sql, changes, decisions_only)
 
     def read_log(self, after: int, upto: int | None = None) -> Iterator[StoredEvent]:
         """Pages of the log; inside a transaction of this store, through that

@@ -18,7 +18,7 @@ from eventsourcing.sqlite import SQLiteDatastore, SQLiteProcessRecorder
 
 from ledger.errors import StoreUnavailable
 from ledger.store import LEDGER_STREAM, PROJECTIONS
-from projections import tables
+from projections import rows, tables
 
 SCHEMA_VERSION = 1
 PAGE = 5000
@@ -163,6 +163,11 @@ class SQLiteStore:
     def remember_ids(self, cursor: Any, pairs: list[tuple[str, int]]) -> None:
         if pairs:
             cursor.executemany("INSERT INTO event_ids (id, position) VALUES (?, ?)", pairs)
+
+    def write_changes(
+        self, cursor: Any, sql: Any, changes: Any, decisions_only: bool = False
+    ) -> None:
+        rows.write_changes(cursor, sql, changes, decisions_only)
 
     def read_log(self, after: int, upto: int | None = None) -> Iterator[StoredEvent]:
         """Kept events in order, a page per read transaction.

@@ -66,6 +66,12 @@ class Store(Protocol):
     def remember_ids(self, cursor: Any, pairs: list[tuple[str, int]]) -> None:
         """Keep client ids with their positions."""
 
+    def write_changes(
+        self, cursor: Any, sql: Any, changes: Any, decisions_only: bool = False
+    ) -> None:
+        """Write the rows the domain changed (``projections.rows.write_changes``
+        semantics), in the caller's transaction, as this database does it fastest."""
+
     def read_log(self, after: int, upto: int | None = None) -> Iterator[StoredEvent]:
         """Stored events after a position, in order, read page by page."""
 

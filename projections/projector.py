@@ -13,7 +13,7 @@ from typing import Any
 from ledger.domain import Cluster
 from ledger.records import decode, replay
 from ledger.store import Store
-from projections.rows import Statements, TableSource, write_changes
+from projections.rows import Statements, TableSource
 
 PAGE = 1000
 
@@ -54,8 +54,8 @@ class Projector:
         for count, stored in enumerate(self.store.read_log(tracked, head), 1):
             replay(self.cluster, decode(stored))
             if count % PAGE == 0:
-                write_changes(cursor, self.sql, self.cluster.take_changes())
-        write_changes(cursor, self.sql, self.cluster.take_changes())
+                self.store.write_changes(cursor, self.sql, self.cluster.take_changes())
+        self.store.write_changes(cursor, self.sql, self.cluster.take_changes())
         self.store.track(cursor, head)
         self.cluster.forget()
         return head

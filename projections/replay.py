@@ -31,7 +31,7 @@ from ledger.records import replay_stored
 from ledger.store import Store
 from projections import tables
 from projections.asof import AsOf, rebuild
-from projections.rows import Statements, TableSource, write_changes
+from projections.rows import Statements, TableSource
 
 CHUNK = 50_000  # events replayed per transaction (SQLite writers wait for each)
 
@@ -134,7 +134,7 @@ class Scratch:
                 self.source.cursor = cursor
                 for stored in self.store.read_log(self.position, end):
                     replay_stored(self.cluster, stored)
-                write_changes(cursor, self.sql, self.cluster.take_changes())
+                self.store.write_changes(cursor, self.sql, self.cluster.take_changes())
             self.position = end
             self.seconds += time.perf_counter() - started
 
@@ -210,7 +210,7 @@ def _against_as_of(store: Store, scratch: Scratch, to: int, head: int) -> Replay
     as_of = scratch.prefix + "asof_"
     with store.projecting() as cursor:
         tables.create(cursor, store.dialect, as_of)
-        write_changes(cursor, Statements(store.param, as_of), cluster.everything())
+        store.write_changes(cursor, Statements(store.param, as_of), cluster.everything())
     with store.reading() as cursor:
         report = ReplayReport(to, head, f"the as-of state at position {to}")
         report.differences = compare(cursor, expected=scratch.prefix, found=as_of, label="")
