@@ -16,6 +16,7 @@ from eventsourcing.persistence import StoredEvent
 
 from ledger import events
 from ledger.chain import GENESIS, link
+from ledger.collection import fewer_collections
 from ledger.domain import AlreadyPlaced, Cluster, touched_by
 from ledger.errors import InvalidEvent, LedgerError, RuleViolation
 from ledger.model import Event, Fact, timestamp
@@ -87,6 +88,7 @@ class Ledger:
         if pending:
             yield from self.submit_batch(pending)
 
+    @fewer_collections()
     def submit_batch(self, items: list[Submission]) -> list[Receipt]:
         """Validate, decide and append a batch in one transaction."""
         parsed: list[Event | Receipt] = [self._parse(i) for i in items]

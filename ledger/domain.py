@@ -75,6 +75,7 @@ class Changes:
     """What changed since the last ``take_changes()``, ready to be written."""
 
     nodes: list[Node] = field(default_factory=list)
+    beats: set[str] = field(default_factory=set)  # nodes above changed by heartbeats alone
     slots: list[Slot] = field(default_factory=list)
     allocs: list[Allocation] = field(default_factory=list)
     held: list[AddressHold] = field(default_factory=list)
@@ -98,6 +99,7 @@ class Cluster:
         self.live: dict[str, set[str]] = {}
         self.children: dict[str, set[str]] = {}
         self._dirty_nodes: dict[str, Node] = {}
+        self._beats: set[str] = set()  # dirty nodes whose only change is a heartbeat
         self._dirty_slots: dict[tuple[str, int], Slot] = {}
         self._dirty_allocs: dict[str, Allocation] = {}
         self._dirty_addresses: dict[str, AddressHold | None] = {}
@@ -323,7 +325,11 @@ class Cluster:
             self._set_status(node, "ready", fact)
         node.last_heartbeat_at = fact.at
         node.last_heartbeat_position = fact.position
-        self._changed_node(node)
+        if node.node in self._dirty_nodes:
+            self._touch(node.node)
+        else:
+            self._changed_node(node)
+            self._beats.add(node.node)  # a row already kept: only its heartbeat changes
         if report is not None:
             reported = {entry["slot"]: entry["alloc"] for entry in report}
             for slot in self.slot_table(node.node):
@@ -566,6 +572,7 @@ class Cluster:
 
     def _changed_node(self, node: Node) -> None:
         self._dirty_nodes[node.node] = node
+        self._beats.discard(node.node)
         self._touch(node.node)
 
     def _changed_slot(self, slot: Slot, touch: bool = True) -> None:
@@ -584,6 +591,7 @@ class Cluster:
         released = [a for a, hold in self._dirty_addresses.items() if hold is None]
         changes = Changes(
             nodes=list(self._dirty_nodes.values()),
+            beats=self._beats,
             slots=list(self._dirty_slots.values()),
             allocs=list(self._dirty_allocs.values()),
             held=[h for h in self._dirty_addresses.values() if h is not None],
@@ -592,6 +600,7 @@ class Cluster:
             rejections=self._rejections,
         )
         self._dirty_nodes = {}
+        self._beats = set()
         self._dirty_slots = {}
         self._dirty_allocs = {}
         self._dirty_addresses = {}

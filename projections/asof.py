@@ -10,6 +10,7 @@ from datetime import datetime
 
 from eventsourcing.persistence import StoredEvent
 
+from ledger.collection import fewer_collections
 from ledger.domain import Cluster
 from ledger.errors import LedgerError
 from ledger.model import timestamp
@@ -41,6 +42,7 @@ class AsOf:
         return cls(at=timestamp(moment))
 
 
+@fewer_collections()
 def rebuild(
     store: Store, point: AsOf | None = None, every: int = checkpoints.EVERY
 ) -> tuple[Cluster, int]:

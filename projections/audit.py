@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
+from ledger.collection import fewer_collections
 from ledger.domain import Changes, Cluster
 from ledger.model import Allocation
 from ledger.records import Record, decode, replay
@@ -286,6 +287,7 @@ def _started(row: dict[str, Any]) -> tuple[int, str]:
     return 0, ""
 
 
+@fewer_collections()
 def audit(store: Store, start: int | None = None, end: int | None = None) -> AuditReport:
     """Replay the log up to ``end`` and report what was unusual from ``start`` on."""
     with store.reading() as cursor:

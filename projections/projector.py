@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from ledger.collection import fewer_collections
 from ledger.domain import Cluster
 from ledger.records import decode, replay
 from ledger.store import Store
@@ -39,6 +40,7 @@ class Projector:
             end = self.catch_up(cursor, limit=limit)
         return start, end
 
+    @fewer_collections()
     def catch_up(self, cursor: Any, head: int | None = None, limit: int | None = None) -> int:
         """Apply what the tables have not seen yet (up to ``head``, at most
         ``limit`` events) in the caller's transaction; return the new position."""

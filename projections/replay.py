@@ -25,6 +25,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from ledger.collection import fewer_collections
 from ledger.domain import Cluster
 from ledger.errors import LedgerError
 from ledger.records import replay_stored
@@ -126,6 +127,7 @@ class Scratch:
         with self.store.projecting() as cursor:
             tables.create(cursor, self.store.dialect, self.prefix)
 
+    @fewer_collections()
     def replay_to(self, target: int) -> None:
         while self.position < target:
             end = min(target, self.position + CHUNK)

@@ -105,6 +105,10 @@ class Statements:
         )
         self.children = f"SELECT node FROM {t}nodes WHERE parent = {p}"
         self.upsert_node = _upsert(f"{t}nodes", NODE_COLUMNS, "node", p)
+        self.heartbeat = (
+            f"UPDATE {t}nodes SET last_heartbeat_at = {p}, last_heartbeat_position = {p} "
+            f"WHERE node = {p}"
+        )
         self.upsert_slot = _upsert(f"{t}slots", SLOT_COLUMNS, "node, slot", p)
         self.upsert_alloc = _upsert(f"{t}allocations", ALLOC_COLUMNS, "alloc", p)
         self.upsert_address = _upsert(f"{t}addresses", ADDRESS_COLUMNS, "address", p)
@@ -157,14 +161,21 @@ class TableSource:
 def write_changes(
     cursor: Any, sql: Statements, changes: Changes, decisions_only: bool = False
 ) -> None:
-    """Write everything the domain changed, one statement per table; with
+    """Write everything the domain changed, one statement per table (a node
+    changed by heartbeats alone by an UPDATE of those two columns); with
     ``decisions_only`` and separate decision tables, skip the logs kept only
     for reporting (alloc states, rejections)."""
     if decisions_only and sql.prefix:
         changes.alloc_states = []
         changes.rejections = []
+    beats = changes.beats
     batches: list[tuple[str, list[tuple[Any, ...]]]] = [
-        (sql.upsert_node, [node_row(n) for n in changes.nodes]),
+        (sql.upsert_node, [node_row(n) for n in changes.nodes if n.node not in beats]),
+        (
+            sql.heartbeat,
+            [(n.last_heartbeat_at, n.last_heartbeat_position, n.node)
+             for n in changes.nodes if n.node in beats],
+        ),
         (sql.upsert_slot, [slot_row(s) for s in changes.slots]),
         (sql.upsert_alloc, [alloc_row(a) for a in changes.allocs]),
         (sql.delete_address, [(a,) for a in changes.released]),
