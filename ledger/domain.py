@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 from dataclasses import astuple, dataclass, field
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 from ledger import errors
 from ledger.model import (
@@ -27,6 +27,8 @@ from ledger.model import (
     Rejection,
     Slot,
 )
+
+V = TypeVar("V")
 
 
 class AlreadyPlaced(errors.LedgerError):
@@ -84,7 +86,20 @@ class Changes:
     rejections: list[Rejection] = field(default_factory=list)
 
 
-_MISSING = object()
+class Cache(dict[str, V]):
+    """Entities in memory by name; a name not yet here is loaded once from
+    the source on first lookup (absence too), so ``cache[name]`` is the
+    entity whether or not it was loaded before."""
+
+    __slots__ = ("load",)
+
+    def __init__(self, load: Callable[[str], V]) -> None:
+        super().__init__()
+        self.load = load
+
+    def __missing__(self, key: str) -> V:
+        found = self[key] = self.load(key)
+        return found
 
 
 class Cluster:
@@ -92,12 +107,12 @@ class Cluster:
 
     def __init__(self, source: StateSource | None = None) -> None:
         self.source: StateSource = source or EmptySource()
-        self.nodes: dict[str, Node | None] = {}
-        self.slot_tables: dict[str, list[Slot]] = {}
-        self.allocs: dict[str, Allocation | None] = {}
-        self.addresses: dict[str, AddressHold | None] = {}
-        self.live: dict[str, set[str]] = {}
-        self.children: dict[str, set[str]] = {}
+        self.nodes: Cache[Node | None] = Cache(self.source.load_node)
+        self.slot_tables: Cache[list[Slot]] = Cache(self.source.load_slots)
+        self.allocs: Cache[Allocation | None] = Cache(self.source.load_alloc)
+        self.addresses: Cache[AddressHold | None] = Cache(self.source.load_address)
+        self.live: Cache[set[str]] = Cache(self.source.load_live_allocs)
+        self.children: Cache[set[str]] = Cache(self.source.load_children)
         self._dirty_nodes: dict[str, Node] = {}
         self._beats: set[str] = set()  # dirty nodes whose only change is a heartbeat
         self._dirty_slots: dict[tuple[str, int], Slot] = {}
@@ -161,32 +176,24 @@ class Cluster:
 
     # -- loading -------------------------------------------------------------
 
-    @staticmethod
-    def _cached(cache: dict[str, Any], key: str, load: Callable[[str], Any]) -> Any:
-        """An entity from memory, or loaded once from the source (absence too)."""
-        found = cache.get(key, _MISSING)
-        if found is _MISSING:
-            found = cache[key] = load(key)
-        return found
-
     def node(self, name: str) -> Node | None:
-        return self._cached(self.nodes, name, self.source.load_node)  # type: ignore[no-any-return]
+        return self.nodes[name]
 
     def slot_table(self, name: str) -> list[Slot]:
-        return self._cached(self.slot_tables, name, self.source.load_slots)  # type: ignore[no-any-return]
+        return self.slot_tables[name]
 
     def alloc(self, alloc_id: str) -> Allocation | None:
-        return self._cached(self.allocs, alloc_id, self.source.load_alloc)  # type: ignore[no-any-return]
+        return self.allocs[alloc_id]
 
     def address(self, address: str) -> AddressHold | None:
-        return self._cached(self.addresses, address, self.source.load_address)  # type: ignore[no-any-return]
+        return self.addresses[address]
 
     def live_allocs(self, name: str) -> set[str]:
         """Ids of the allocations on a node that are not terminal."""
-        return self._cached(self.live, name, self.source.load_live_allocs)  # type: ignore[no-any-return]
+        return self.live[name]
 
     def child_nodes(self, name: str) -> set[str]:
-        return self._cached(self.children, name, self.source.load_children)  # type: ignore[no-any-return]
+        return self.children[name]
 
     # -- checks (run before any change) --------------------------------------
 

@@ -17,7 +17,7 @@ from eventsourcing.persistence import StoredEvent
 
 from ledger.domain import Cluster
 from ledger.model import Fact
-from ledger.store import LEDGER_STREAM
+from ledger.store import LEDGER_STREAM, Kept
 
 REJECTED = "rejected"
 
@@ -54,7 +54,7 @@ def encode(record: Record) -> StoredEvent:
     )
 
 
-def decode(stored: StoredEvent) -> Record:
+def decode(stored: Kept) -> Record:
     state = orjson.loads(stored.state)
     return Record(
         stored.originator_version,
@@ -74,7 +74,7 @@ def replay(cluster: Cluster, record: Record) -> None:
         cluster.apply(record.event, record.fact)
 
 
-def replay_stored(cluster: Cluster, stored: StoredEvent) -> str:
+def replay_stored(cluster: Cluster, stored: Kept) -> str:
     """``replay(cluster, decode(stored))`` without building a Record (replays
     run this for every event of history); return the event's ``at``."""
     state = orjson.loads(stored.state)

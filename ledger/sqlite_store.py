@@ -17,7 +17,7 @@ from eventsourcing.persistence import PersistenceError, StoredEvent, Tracking
 from eventsourcing.sqlite import SQLiteDatastore, SQLiteProcessRecorder
 
 from ledger.errors import StoreUnavailable
-from ledger.store import LEDGER_STREAM, PROJECTIONS
+from ledger.store import LEDGER_STREAM, PROJECTIONS, LoggedEvent
 from projections import rows, tables
 
 SCHEMA_VERSION = 1
@@ -169,7 +169,7 @@ class SQLiteStore:
     ) -> None:
         rows.write_changes(cursor, sql, changes, decisions_only)
 
-    def read_log(self, after: int, upto: int | None = None) -> Iterator[StoredEvent]:
+    def read_log(self, after: int, upto: int | None = None) -> Iterator[LoggedEvent]:
         """Kept events in order, a page per read transaction.
 
         Written through the library's recorder; read here with one plain
@@ -185,8 +185,7 @@ class SQLiteStore:
             with self.reading() as cursor:
                 cursor.execute(statement, (self.stream, after, last, PAGE))
                 page = cursor.fetchall()
-            for position, topic, state in page:
-                yield StoredEvent(LEDGER_STREAM, position, topic, state)
+            yield from map(LoggedEvent._make, page)
             if len(page) < PAGE:
                 return
             after = page[-1][0]

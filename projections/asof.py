@@ -8,14 +8,12 @@ import sqlite3
 from dataclasses import dataclass
 from datetime import datetime
 
-from eventsourcing.persistence import StoredEvent
-
 from ledger.collection import fewer_collections
 from ledger.domain import Cluster
 from ledger.errors import LedgerError
 from ledger.model import timestamp
 from ledger.records import decode, replay_stored
-from ledger.store import Store
+from ledger.store import Kept, Store
 from projections import checkpoints, tables
 from projections.rows import Statements, write_changes
 
@@ -65,7 +63,7 @@ def rebuild(
     return cluster, position
 
 
-def _at(stored: StoredEvent) -> str:
+def _at(stored: Kept) -> str:
     return str(decode(stored).event["at"])
 
 

@@ -5,11 +5,9 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from eventsourcing.persistence import StoredEvent
-
 from ledger.domain import touched_by
 from ledger.records import decode
-from ledger.store import Store
+from ledger.store import LoggedEvent, Store
 
 
 def history(store: Store, entity: str, upto: int | None = None) -> list[dict[str, Any]]:
@@ -21,7 +19,7 @@ def history(store: Store, entity: str, upto: int | None = None) -> list[dict[str
     for position, topic, state in found:
         if upto is not None and position > upto:
             break
-        record = decode(StoredEvent(None, position, topic, state))  # type: ignore[arg-type]
+        record = decode(LoggedEvent(position, topic, state))
         if entity not in set(touched_by(record.event)) | set(record.touches):
             continue
         rows.append(
