@@ -33,19 +33,19 @@ from eventsourcing.postgres import PostgresDatastore, PostgresProcessRecorder
 from psycopg import sql
 from psycopg.rows import tuple_row
 
+from ledger import postgres_writes
 from ledger.errors import LedgerError, StoreUnavailable
-from ledger.model import AddressHold, Slot
-from ledger.store import LEDGER_STREAM, PROJECTIONS
-from projections import rows, tables
-from projections.rows import (
-    ADDRESS_COLUMNS,
-    ALLOC_COLUMNS,
-    NODE_COLUMNS,
-    SLOT_COLUMNS,
-    Statements,
-    alloc_from,
-    node_from,
+from ledger.postgres_preload import KNOWN_IDS, Preload, known_ids, named_by
+from ledger.postgres_writes import (
+    INSERT_HASHES,
+    INSERT_IDS,
+    BatchStatements,
+    LogRecorder,
+    by_column,
 )
+from ledger.store import LEDGER_STREAM, PROJECTIONS
+from projections import tables
+from projections.rows import Statements
 
 SCHEMA_VERSION = 1
 MARK = f"alloc-ledger schema {SCHEMA_VERSION}"
@@ -59,6 +59,10 @@ LIBPQ_OPTIONS = ("sslmode", "application_name")
 # from the network) must not hold the log's lock until TCP notices: the server
 # ends such a session after this many seconds idle in a transaction.
 IDLE_IN_TRANSACTION = 60
+# Writers and the projector look rows up by key only, in tables that are young
+# and often not yet analyzed: a planner without statistics reads a whole table
+# for an IN list of a few hundred keys (every batch, under the log's lock).
+KEYS_ONLY = "SET LOCAL enable_seqscan = off"
 
 APPEND_ONLY = [
     """CREATE TABLE IF NOT EXISTS event_ids (id TEXT PRIMARY KEY, position BIGINT NOT NULL)""",
@@ -120,6 +124,8 @@ class PostgresStore:
         self.projects_inline = inline == "inline"
         self.stream = LEDGER_STREAM
         self._local = threading.local()
+        self._batch_statements: dict[str, BatchStatements] = {}
+        self._preload = Preload()
         self.connect_args: dict[str, Any] = {
             "dbname": unquote(parts.path.lstrip("/")),
             "host": parts.hostname or "",
@@ -139,7 +145,7 @@ class PostgresStore:
                 idle_in_transaction_session_timeout=IDLE_IN_TRANSACTION,
             )
             self.datastore.pool.kwargs.update(extra)  # type: ignore[union-attr]
-            self.recorder = PostgresProcessRecorder(self.datastore, tracking_table_name=TRACKING)
+            self.recorder = LogRecorder(self.datastore, tracking_table_name=TRACKING)
             self.datastore.register_type_adapters()
         except (PersistenceError, psycopg.Error) as error:
             self._fail(describe(error))
@@ -235,6 +241,7 @@ class PostgresStore:
                 finally:
                     self._local.cursor = None
                     self._local.last = None
+                    self._local.ids = None
         except psycopg.Error as error:
             raise StoreUnavailable(f"store {self.shown}: {describe(error)}") from None
         except PersistenceError as error:
@@ -246,13 +253,14 @@ class PostgresStore:
 
     def projecting(self) -> Any:
         """A transaction for the projection tables: the tracking row locked, never the log."""
-        return self._transaction(self._lock_tracking, pipelined=True)
+        return self._transaction(self._track_by_key, pipelined=True)
 
     def reading(self) -> Any:
         """A read-only transaction with one snapshot."""
         return self._transaction(self._snapshot)
 
     def _lock_log(self, cursor: Any) -> None:
+        cursor.execute(KEYS_ONLY)
         self.recorder._lock_table(cursor.connection.cursor())
         if self.projects_inline:
             self._lock_tracking(cursor)
@@ -263,6 +271,10 @@ class PostgresStore:
             (PROJECTIONS,),
         )
 
+    def _track_by_key(self, cursor: Any) -> None:
+        cursor.execute(KEYS_ONLY)
+        self._lock_tracking(cursor)
+
     @staticmethod
     def _snapshot(cursor: Any) -> None:
         cursor.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
@@ -272,65 +284,12 @@ class PostgresStore:
     def preload(
         self, cursor: Any, statements: Statements, cluster: Any, batch: list[dict[str, Any]]
     ) -> None:
-        """Load every entity a batch names, in one round trip per table (pipelined:
-        one round trip in all), into the cluster's caches."""
-        t = statements.prefix
-        names: set[str] = set()
-        allocs: set[str] = set()
-        addresses: set[str] = set()
-        for event in batch:
-            for key in ("node", "parent"):
-                if isinstance(event.get(key), str):
-                    names.add(event[key])
-            if isinstance(event.get("alloc"), str):
-                allocs.add(event["alloc"])
-            for address in event.get("addresses") or ():
-                addresses.add(address)
-            for entry in event.get("slots") or () if isinstance(event.get("slots"), list) else ():
-                if isinstance(entry, dict) and isinstance(entry.get("alloc"), str):
-                    allocs.add(entry["alloc"])
-        n, a = sorted(names), sorted(allocs)
-        nodes_of = f"(SELECT %(n)s::text[] UNION ALL SELECT array_agg(node) FROM {t}allocations WHERE alloc = ANY(%(a)s))"
-        nodes_set = f"SELECT unnest(x) FROM {nodes_of} q(x)"
-        queries = {
-            "nodes": f"SELECT {NODE_COLUMNS} FROM {t}nodes WHERE node IN ({nodes_set})",
-            "slots": f"SELECT {SLOT_COLUMNS} FROM {t}slots WHERE node IN ({nodes_set}) ORDER BY node, slot",
-            "live": f"SELECT node, alloc FROM {t}allocations WHERE node IN ({nodes_set}) "
-                    "AND client_status IN ('pending','running','unknown')",
-            "children": f"SELECT parent, node FROM {t}nodes WHERE parent IN ({nodes_set})",
-            "allocs": f"SELECT {ALLOC_COLUMNS} FROM {t}allocations WHERE alloc = ANY(%(a)s)",
-            "addresses": f"SELECT {ADDRESS_COLUMNS} FROM {t}addresses WHERE address = ANY(%(x)s)",
-        }
-        params = {"n": n, "a": a, "x": sorted(addresses)}
-        cursors = {}
-        for key, statement in queries.items():
-            cursors[key] = cursor.connection.cursor(row_factory=tuple_row)
-            cursors[key].execute(statement, params)
-        rows = {key: c.fetchall() for key, c in cursors.items()}
-        loaded_nodes = {row[0]: node_from(row) for row in rows["nodes"]}
-        for name in set(n) | set(loaded_nodes):
-            cluster.nodes.setdefault(name, loaded_nodes.get(name))
-        slot_tables: dict[str, list[Slot]] = {name: [] for name in loaded_nodes}
-        for row in rows["slots"]:
-            slot_tables.setdefault(row[0], []).append(Slot(*row))
-        for name, table in slot_tables.items():
-            cluster.slot_tables.setdefault(name, table)
-        live: dict[str, set[str]] = {name: set() for name in loaded_nodes}
-        for node, alloc in rows["live"]:
-            live.setdefault(node, set()).add(alloc)
-        for name, found in live.items():
-            cluster.live.setdefault(name, found)
-        children: dict[str, set[str]] = {name: set() for name in loaded_nodes}
-        for parent, node in rows["children"]:
-            children.setdefault(parent, set()).add(node)
-        for name, found in children.items():
-            cluster.children.setdefault(name, found)
-        loaded_allocs = {row[0]: alloc_from(row) for row in rows["allocs"]}
-        for name in a:
-            cluster.allocs.setdefault(name, loaded_allocs.get(name))
-        held = {row[0]: AddressHold(*row) for row in rows["addresses"]}
-        for address in addresses:
-            cluster.addresses.setdefault(address, held.get(address))
+        """Load every entity a batch names into the cluster's caches, and the
+        batch's known client ids for ``known_ids``: one round trip in all."""
+        named = named_by(batch)
+        sent = self._preload.send(cursor, statements.prefix, named)
+        self._local.ids = (named.ids, sent)
+        self._preload.fill(cluster, named, sent)
 
     def head(self, cursor: Any) -> int:
         """The last position, read together with its chain hash (the next append needs it)."""
@@ -345,8 +304,8 @@ class PostgresStore:
         return int(last or 0)
 
     def append(self, cursor: Any, events: list[StoredEvent], hashes: list[tuple[int, str]]) -> None:
-        self.recorder._insert_stored_events(cursor.connection.cursor(), events)
-        cursor.executemany("INSERT INTO event_hashes (position, hash) VALUES (%s, %s)", hashes)
+        self.recorder.insert_locked(cursor, events)
+        cursor.execute(INSERT_HASHES, by_column(hashes))
         self._local.last = None
 
     def hash_at(self, cursor: Any, position: int) -> str | None:
@@ -364,19 +323,25 @@ class PostgresStore:
         self.recorder._insert_tracking(cursor.connection.cursor(), Tracking(PROJECTIONS, position))
 
     def known_ids(self, cursor: Any, ids: list[str]) -> dict[str, int]:
+        preloaded, self._local.ids = getattr(self._local, "ids", None), None
+        if preloaded is not None and preloaded[0] == ids:
+            return known_ids(preloaded[1])
         if not ids:
             return {}
-        cursor.execute("SELECT id, position FROM event_ids WHERE id = ANY(%s)", (ids,))
+        cursor.execute(KNOWN_IDS, (ids,))
         return {row[0]: row[1] for row in cursor.fetchall()}
 
     def remember_ids(self, cursor: Any, pairs: list[tuple[str, int]]) -> None:
         if pairs:
-            cursor.executemany("INSERT INTO event_ids (id, position) VALUES (%s, %s)", pairs)
+            cursor.execute(INSERT_IDS, by_column(pairs))
 
     def write_changes(
         self, cursor: Any, sql: Any, changes: Any, decisions_only: bool = False
     ) -> None:
-        rows.write_changes(cursor, sql, changes, decisions_only)
+        statements = self._batch_statements.get(sql.prefix)
+        if statements is None:
+            statements = self._batch_statements[sql.prefix] = BatchStatements(sql.prefix)
+        postgres_writes.write_changes(cursor, statements, sql.prefix, changes, decisions_only)
 
     def read_log(self, after: int, upto: int | None = None) -> Iterator[StoredEvent]:
         """Pages of the log; inside a transaction of this store, through that
