@@ -67,12 +67,14 @@ def _at(stored: Kept) -> str:
     return str(decode(stored).event["at"])
 
 
+@fewer_collections()
 def materialize(cluster: Cluster) -> sqlite3.Connection:
     """Scratch projection tables holding a replayed cluster."""
     connection = sqlite3.connect(":memory:")
     cursor = connection.cursor()
-    tables.create(cursor, "sqlite")
+    tables.create(cursor, "sqlite", indexes=False)
     write_changes(cursor, Statements("?"), cluster.everything())
+    tables.create_indexes(cursor)
     return connection
 
 

@@ -117,9 +117,12 @@ def view_exists_check(dialect: str, name: str) -> str:
     return f"SELECT 1 FROM information_schema.views WHERE table_name='{name}' AND table_schema=current_schema()"
 
 
-def create(cursor: object, dialect: str, prefix: str = "") -> None:
-    """Create the tables and (once) the views."""
+def create(cursor: object, dialect: str, prefix: str = "", indexes: bool = True) -> None:
+    """Create the tables and (once) the views; ``indexes=False`` leaves the
+    indexes to ``create_indexes``, for tables about to be filled in bulk."""
     for statement in create_statements(prefix):
+        if not indexes and statement.startswith("CREATE INDEX"):
+            continue
         if dialect == "sqlite":  # there, only INTEGER PRIMARY KEY is the row id itself
             statement = statement.replace("BIGINT PRIMARY KEY", "INTEGER PRIMARY KEY")
         if statement.startswith("CREATE VIEW"):
@@ -128,6 +131,14 @@ def create(cursor: object, dialect: str, prefix: str = "") -> None:
             if cursor.fetchone() is not None:  # type: ignore[attr-defined]
                 continue
         cursor.execute(statement)  # type: ignore[attr-defined]
+
+
+def create_indexes(cursor: object, prefix: str = "") -> None:
+    """The indexes ``create(..., indexes=False)`` left out (once filled, building
+    an index is faster than keeping it up to date row by row)."""
+    for statement in create_statements(prefix):
+        if statement.startswith("CREATE INDEX"):
+            cursor.execute(statement)  # type: ignore[attr-defined]
 
 
 def drop(cursor: object, prefix: str) -> None:
