@@ -285,13 +285,15 @@ class Bench:
         raw_seconds, journal = self._raw_insert()
         raw = rate(self.events, raw_seconds)
         ratio = product / raw
+        self.log("ingest: storage floor (the rows a kept heartbeat needs, no Python rules)")
+        floor = rate(self.events, self._storage_floor())
         self.figures["ingest"] = {
             "events": self.events, "submit_seconds": submitted.seconds,
             "project_seconds": projected.seconds, "events_per_second": product,
             "raw_seconds": raw_seconds, "raw_events_per_second": raw, "ratio": ratio,
             "counts": counts, "lag_after": lag, "submit_exit": submitted.returncode,
             "submit_rss_mb": submitted.rss_mb, "project_rss_mb": projected.rss_mb,
-            "raw_journal_mode": journal,
+            "raw_journal_mode": journal, "floor_events_per_second": floor,
         }
         self.report.add(
             section, f"ingest: submit FILE + project, {self.events:,} events",
@@ -304,6 +306,10 @@ class Bench:
             section, "  ingest wall time (submit + project)",
             f"{fmt_s(submitted.seconds)} + {fmt_s(projected.seconds)}",
             f"raw {fmt_s(raw_seconds)} ({journal}, batches of {RAW_BATCH})",
+        )
+        self.report.add(
+            section, "  storage floor: log row + id + hash + node heartbeat rows",
+            fmt_rate(floor), "(executemany into the ledger's own tables)", f"{floor / raw:.3f}",
         )
         invalid = counts.get("invalid", 0)
         self.report.add(
@@ -355,6 +361,51 @@ class Bench:
         if count != self.events:
             raise RuntimeError(f"raw baseline inserted {count} lines, expected {self.events}")
         return seconds, journal
+
+    def _storage_floor(self) -> float:
+        """Seconds to write, in the ledger's own schema and transactions of
+        5,000, only the rows every kept heartbeat needs (the log row through
+        the recorder's statement, its id, its chain hash, the node's heartbeat
+        columns), with no validation, rules or hashing: what is left of the
+        ingest budget once the storage the SPEC asks for is paid."""
+        from ledger.store import open_store
+
+        path = self.workdir / "floor.db"
+        for suffix in ("", "-wal", "-shm"):
+            Path(f"{path}{suffix}").unlink(missing_ok=True)
+        store = open_store(f"sqlite:///{path}")
+        nodes = [f"n{i:05d}" for i in range(self.args.nodes)]
+        try:
+            with store.writing() as cursor:
+                cursor.executemany(
+                    "INSERT INTO nodes (node, status, health, slots, slots_used, allocs, "
+                    "since_position, lost_allocs, registered_position) "
+                    "VALUES (?, 'ready', 'ok', 4, 0, 0, 0, '[]', 0)", [(n,) for n in nodes])
+            stream = store.stream  # type: ignore[attr-defined]
+            insert = store.recorder.insert_events_statement  # type: ignore[attr-defined]
+            chain_hash = "0" * 64
+            position = 0
+            started = time.perf_counter()
+            with open(self.big_file, "rb") as lines:
+                while batch := list(itertools.islice(lines, RAW_BATCH)):
+                    first = position + 1
+                    position += len(batch)
+                    numbers = range(first, position + 1)
+                    with store.writing() as cursor:
+                        cursor.executemany(insert, [
+                            (stream, n, "heartbeat", line) for n, line in zip(numbers, batch)])
+                        cursor.executemany("INSERT INTO event_ids (id, position) VALUES (?, ?)",
+                                           [(f"e{n:07d}", n) for n in numbers])
+                        cursor.executemany("INSERT INTO event_hashes (position, hash) "
+                                           "VALUES (?, ?)", [(n, chain_hash) for n in numbers])
+                        cursor.executemany(
+                            "UPDATE nodes SET last_heartbeat_at = ?, last_heartbeat_position = ? "
+                            "WHERE node = ?",
+                            [("2026-01-01T00:00:00.000000Z", n, nodes[n % len(nodes)])
+                             for n in numbers])
+            return time.perf_counter() - started
+        finally:
+            store.close()
 
     @staticmethod
     def _journal_mode(path: Path) -> str:
