@@ -1,8 +1,8 @@
 """PostgreSQL writers load everything a batch names in one round trip.
 
 One pipelined flush sends a query per table (nodes with their slot tables,
-live allocations and children; allocations; addresses) and the batch's client
-ids; the writer waits once for all the answers and fills the cluster's caches.
+live allocations and children; allocations; addresses named, and those the
+allocations named list) and the batch's client ids; the writer waits once for all the answers and fills the cluster's caches.
 
 An allocation never moves (an id is placed once), so the node of every
 allocation read is kept for the life of the store: a batch's nodes are then
@@ -78,8 +78,10 @@ class PreloadQueries:
                     f"AND client_status IN {LIVE}",
             "children": f"SELECT parent, node FROM {t}nodes WHERE parent IN ({nodes})",
             "allocs": f"SELECT {ALLOC_COLUMNS} FROM {t}allocations WHERE alloc = ANY(%(a)b::text[])",
-            "addresses": f"SELECT {ADDRESS_COLUMNS} FROM {t}addresses "
-                         "WHERE address = ANY(%(x)b::text[])",
+            "addresses": f"SELECT {ADDRESS_COLUMNS} FROM {t}addresses WHERE address IN ("
+                         "SELECT unnest(%(x)b::text[]) UNION "
+                         "SELECT json_array_elements_text(addresses::json) "
+                         f"FROM {t}allocations WHERE alloc = ANY(%(a)b::text[]))",
         }
 
 
@@ -141,7 +143,8 @@ class Preload:
             self.node_of.clear()
         self.node_of.update((row[0], row[1]) for row in rows["allocs"])
         held = {row[0]: AddressHold(*row) for row in rows["addresses"]}
-        for address in named.addresses:
+        listed = (a for alloc in loaded_allocs.values() for a in alloc.addresses)
+        for address in named.addresses.union(listed):
             cluster.addresses.setdefault(address, held.get(address))
 
 
