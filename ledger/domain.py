@@ -322,29 +322,31 @@ class Cluster:
 
     def heartbeat(self, event: Event, fact: Fact) -> None:
         node = self.check_node_exists(event["node"])
+        name = node.node
         report = event.get("slots")
         if report is not None:
             self.check_slot_report(node, event)
-        if node.status == "disconnected" or node.status == "initializing":
+        status = node.status
+        if status == "disconnected" or status == "initializing":
             waiting = self.awaits_reconnect(node)
             self._set_status(node, "initializing" if waiting else "ready", fact)
-        elif node.status == "down":
+        elif status == "down":
             self._set_status(node, "ready", fact)
         node.last_heartbeat_at = fact.at
-        node.last_heartbeat_position = fact.position
-        if node.node in self._dirty_nodes:
-            self._touch(node.node)
+        node.last_heartbeat_position = position = fact.position
+        if name in self._dirty_nodes:
+            self._touch(name)
         else:
             self._changed_node(node)
-            self._beats.add(node.node)  # a row already kept: only its heartbeat changes
+            self._beats.add(name)  # a row already kept: only its heartbeat changes
         if report is not None:
             reported = {entry["slot"]: entry["alloc"] for entry in report}
-            for slot in self.slot_table(node.node):
+            for slot in self.slot_tables[name]:
                 value = reported.get(slot.slot)
                 # reported_position says since when the node reports this value
                 if value != slot.reported_alloc or slot.reported_position is None:
                     slot.reported_alloc = value
-                    slot.reported_position = fact.position
+                    slot.reported_position = position
                     self._changed_slot(slot, touch=False)
 
     def miss_heartbeat(self, event: Event, fact: Fact) -> None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import sqlite3
+from functools import partial
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -21,6 +22,7 @@ from ledger.store import LEDGER_STREAM, PROJECTIONS, LoggedEvent
 from projections import rows, tables
 
 SCHEMA_VERSION = 1
+_LOGGED = partial(tuple.__new__, LoggedEvent)  # a row as a LoggedEvent, without _make's checks
 PAGE = 5000
 
 APPEND_ONLY = [
@@ -185,7 +187,7 @@ class SQLiteStore:
             with self.reading() as cursor:
                 cursor.execute(statement, (self.stream, after, last, PAGE))
                 page = cursor.fetchall()
-            yield from map(LoggedEvent._make, page)
+            yield from map(_LOGGED, page)
             if len(page) < PAGE:
                 return
             after = page[-1][0]

@@ -57,7 +57,8 @@ def rebuild(
             break
         at = replay_stored(cluster, stored)
         position = stored.originator_version
-        max_at = max(max_at, at)
+        if at > max_at:
+            max_at = at
         if every and position % every == 0:
             checkpoints.keep(store, cluster, position, max_at)
     return cluster, position
