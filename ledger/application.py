@@ -7,8 +7,8 @@ so a reported append is durable and nothing is ever half-written.
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, Self
 
@@ -19,30 +19,16 @@ from ledger.chain import GENESIS, link
 from ledger.collection import fewer_collections
 from ledger.domain import AlreadyPlaced, Cluster, touched_by
 from ledger.errors import InvalidEvent, LedgerError, RuleViolation
-from ledger.model import Event, Fact, timestamp
+from ledger.model import Event, Fact, Receipt, timestamp
 from ledger.records import REJECTED, Record, encode
 from ledger.store import Store, open_store
 from projections.projector import Projector
 from projections.rows import Statements, TableSource
 
+__all__ = ["Ledger", "Receipt"]
+
 Submission = dict[str, Any] | str | bytes
 CACHE_LIMIT = 200_000  # entities a writer keeps in memory between batches
-
-
-@dataclass(frozen=True, slots=True)
-class Receipt:
-    """What became of one submitted event."""
-
-    status: str  # appended | duplicate | rejected | invalid
-    position: int | None = None
-    error: str | None = None
-
-    @property
-    def ok(self) -> bool:
-        return self.status in ("appended", "duplicate")
-
-    def as_dict(self) -> dict[str, Any]:
-        return {"status": self.status, "position": self.position, "error": self.error}
 
 
 def now() -> datetime:
@@ -59,6 +45,7 @@ class Ledger:
         self.cluster = Cluster(self.source)
         self.projector = Projector(store)
         self._head: int | None = None
+        self._deciding = threading.RLock()  # a PostgreSQL standby thread may decide too
 
     @classmethod
     def open(cls, url: str | None = None) -> Ledger:
@@ -95,22 +82,30 @@ class Ledger:
         valid = [p for p in parsed if not isinstance(p, Receipt)]
         if not valid:
             return [p for p in parsed if isinstance(p, Receipt)]
-        try:
-            with self.store.writing() as cursor:
-                decided = self._decide(cursor, valid)
-        except BaseException:
-            self.cluster.forget()
-            self._head = None
-            raise
-        answers = iter(decided)
+        answers = iter(self.store.decide(valid, self))
         return [p if isinstance(p, Receipt) else next(answers) for p in parsed]
 
     @staticmethod
     def _parse(item: Submission) -> Event | Receipt:
         try:
-            return events.received(item)
+            event = events.received(item)
         except InvalidEvent as error:
             return Receipt("invalid", error=str(error))
+        if "at" in event:
+            event["at"] = timestamp(event["at"])  # one text form from here on
+        return event
+
+    def decide(self, cursor: Any, batch: list[Event]) -> list[Receipt]:
+        """Decide valid events in order and append what is kept, in the caller's
+        write transaction (the store calls this: ``Store.decide``)."""
+        with self._deciding:
+            return self._decide(cursor, batch)
+
+    def forget(self) -> None:
+        """Drop the cached state (a transaction failed: what it decided is not kept)."""
+        with self._deciding:
+            self.cluster.forget()
+            self._head = None
 
     def _decide(self, cursor: Any, batch: list[Event]) -> list[Receipt]:
         head = self.store.head(cursor)
@@ -129,8 +124,8 @@ class Ledger:
             if ident is not None and ident in known:
                 receipts.append(Receipt("duplicate", known[ident]))
                 continue
-            at = event.get("at")
-            event["at"] = recorded_at if at is None else timestamp(at)
+            if "at" not in event:
+                event["at"] = recorded_at
             record = self._record(event, head + 1, recorded_at)
             if isinstance(record, Receipt):
                 receipts.append(record)
@@ -202,6 +197,5 @@ class Ledger:
     def project(self, limit: int | None = None) -> tuple[int, int]:
         """Bring the projection tables up to date; return (from, to) positions."""
         start, end = self.projector.update(limit)
-        self.cluster.forget()
-        self._head = None
+        self.forget()
         return start, end

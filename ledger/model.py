@@ -128,3 +128,19 @@ def timestamp(moment: datetime) -> str:
     if moment.utcoffset() != _ZERO:
         moment = moment.astimezone(UTC)
     return moment.isoformat(timespec="microseconds")[:26] + "Z"
+
+
+@dataclass(frozen=True, slots=True)
+class Receipt:
+    """What became of one submitted event."""
+
+    status: str  # appended | duplicate | rejected | invalid
+    position: int | None = None
+    error: str | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.status in ("appended", "duplicate")
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"status": self.status, "position": self.position, "error": self.error}

@@ -60,6 +60,23 @@ def named_by(batch: list[dict[str, Any]]) -> Named:
     return named
 
 
+def not_cached(cluster: Any, named: Named) -> Named:
+    """What a batch names that the cluster does not hold yet (a leader that
+    kept deciding holds most of it: it is the only writer)."""
+    def held(node: str) -> bool:
+        return node in cluster.nodes and (
+            cluster.nodes[node] is None
+            or (node in cluster.slot_tables and node in cluster.live and node in cluster.children)
+        )
+
+    return Named(
+        nodes={n for n in named.nodes if not held(n)},
+        allocs={a for a in named.allocs if a not in cluster.allocs},
+        addresses={x for x in named.addresses if x not in cluster.addresses},
+        ids=named.ids,
+    )
+
+
 class PreloadQueries:
     """The preload's SQL for one table prefix; ``%(n)b`` are the nodes named or
     known, ``%(u)b`` allocations whose node is not known yet."""
@@ -108,7 +125,7 @@ class Preload:
             "x": sorted(named.addresses),
         }
         sent = {}
-        for key, statement in queries.queries.items():
+        for key, statement in queries.queries.items() if params["n"] or params["a"] or params["x"] else ():
             sent[key] = cursor.connection.cursor(row_factory=tuple_row)
             sent[key].execute(statement, params)
         if named.ids:
@@ -117,6 +134,8 @@ class Preload:
         return sent
 
     def fill(self, cluster: Any, named: Named, sent: dict[str, Any]) -> None:
+        if "nodes" not in sent:
+            return  # nothing to load
         rows = {key: c.fetchall() for key, c in sent.items() if key != "ids"}
         loaded_nodes = {row[0]: node_from(row) for row in rows["nodes"]}
         for name in named.nodes | set(loaded_nodes):

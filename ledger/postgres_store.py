@@ -33,9 +33,11 @@ from eventsourcing.postgres import PostgresDatastore, PostgresProcessRecorder
 from psycopg import sql
 from psycopg.rows import tuple_row
 
+from ledger import postgres_handoff as handoff_tables
 from ledger import postgres_writes
 from ledger.errors import LedgerError, StoreUnavailable
-from ledger.postgres_preload import KNOWN_IDS, Preload, known_ids, named_by
+from ledger.postgres_handoff import Handoff
+from ledger.postgres_preload import KNOWN_IDS, Preload, known_ids, named_by, not_cached
 from ledger.postgres_writes import (
     INSERT_HASHES,
     INSERT_IDS,
@@ -43,17 +45,17 @@ from ledger.postgres_writes import (
     LogRecorder,
     by_column,
 )
-from ledger.store import LEDGER_STREAM, PROJECTIONS
+from ledger.store import LEDGER_STREAM, PROJECTIONS, Decider
 from projections import tables
 from projections.rows import Statements
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2  # 2: the handoff tables (ledger.postgres_handoff)
 MARK = f"alloc-ledger schema {SCHEMA_VERSION}"
 PAGE = 5000
 TRACKING = "tracking"
 STATE_PREFIX = "state_"
 SCHEMA_NAME = re.compile(r"[a-z_][a-z0-9_]{0,62}")
-OPTIONS = {"schema", "projections", "connect_timeout", "sslmode", "application_name"}
+OPTIONS = {"schema", "projections", "connect_timeout", "timeout", "sslmode", "application_name"}
 LIBPQ_OPTIONS = ("sslmode", "application_name")
 # A writer that stalls inside its transaction (a client on a machine cut off
 # from the network) must not hold the log's lock until TCP notices: the server
@@ -62,7 +64,9 @@ IDLE_IN_TRANSACTION = 60
 # Writers and the projector look rows up by key only, in tables that are young
 # and often not yet analyzed: a planner without statistics reads a whole table
 # for an IN list of a few hundred keys (every batch, under the log's lock).
-KEYS_ONLY = "SET LOCAL enable_seqscan = off"
+# A scan that must read a whole table (the handoff) then costs 1e10 in the
+# plan, which would make the server JIT-compile it (~170 ms): no JIT.
+KEYS_ONLY = "SELECT set_config('enable_seqscan', 'off', true), set_config('jit', 'off', true)"
 
 APPEND_ONLY = [
     """CREATE TABLE IF NOT EXISTS event_ids (id TEXT PRIMARY KEY, position BIGINT NOT NULL)""",
@@ -133,7 +137,8 @@ class PostgresStore:
             "user": unquote(parts.username or ""),
             "password": unquote(parts.password or ""),
         }
-        timeout = float(options.get("connect_timeout", "5"))
+        timeout = self.connect_timeout = float(options.get("connect_timeout", "5"))
+        self.handoff = Handoff(self, float(options.get("timeout", "30")))
         extra = {"options": f"-c search_path={self.schema}"}
         extra.update((k, v) for k, v in options.items() if k in LIBPQ_OPTIONS)
         self.extra = extra
@@ -149,6 +154,18 @@ class PostgresStore:
             self.datastore.register_type_adapters()
         except (PersistenceError, psycopg.Error) as error:
             self._fail(describe(error))
+
+    def connect(self) -> psycopg.Connection[Any]:
+        """A connection of its own (autocommit), for listening and handing over."""
+        return self._connect(self.connect_timeout, self.extra)
+
+    def unavailable(self, error: BaseException) -> StoreUnavailable:
+        return StoreUnavailable(f"store {self.shown}: {describe(error)}")
+
+    def decide(self, batch: list[dict[str, Any]], decider: Decider) -> list[Any]:
+        """Hand the batch to the writer that leads, which decides every waiting
+        batch in one transaction (``ledger.postgres_handoff``)."""
+        return self.handoff.decide(batch, decider)
 
     def _fail(self, reason: str) -> NoReturn:
         raise StoreUnavailable(f"cannot open store {self.shown}: {reason}") from None
@@ -215,6 +232,8 @@ class PostgresStore:
                     cursor.execute(statement)
             tables.create(cursor, self.dialect)
             tables.create(cursor, self.dialect, prefix=STATE_PREFIX)
+            for statement in handoff_tables.TABLES:
+                cursor.execute(statement)
             cursor.execute(
                 f"INSERT INTO {TRACKING} (application_name, notification_id) VALUES (%s, 0) "
                 "ON CONFLICT DO NOTHING",
@@ -286,7 +305,7 @@ class PostgresStore:
     ) -> None:
         """Load every entity a batch names into the cluster's caches, and the
         batch's known client ids for ``known_ids``: one round trip in all."""
-        named = named_by(batch)
+        named = not_cached(cluster, named_by(batch))
         sent = self._preload.send(cursor, statements.prefix, named)
         self._local.ids = (named.ids, sent)
         self._preload.fill(cluster, named, sent)
@@ -423,4 +442,5 @@ class PostgresStore:
         return names
 
     def close(self) -> None:
+        self.handoff.close()
         self.datastore.close()

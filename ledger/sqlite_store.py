@@ -9,16 +9,16 @@ from __future__ import annotations
 
 import os
 import sqlite3
-from functools import partial
 from collections.abc import Iterator
 from contextlib import contextmanager
+from functools import partial
 from typing import Any
 
 from eventsourcing.persistence import PersistenceError, StoredEvent, Tracking
 from eventsourcing.sqlite import SQLiteDatastore, SQLiteProcessRecorder
 
 from ledger.errors import StoreUnavailable
-from ledger.store import LEDGER_STREAM, PROJECTIONS, LoggedEvent
+from ledger.store import LEDGER_STREAM, PROJECTIONS, Decider, LoggedEvent, decide_here
 from projections import rows, tables
 
 SCHEMA_VERSION = 1
@@ -89,6 +89,10 @@ class SQLiteStore:
                 cursor.execute(statement)
             tables.create(cursor, self.dialect)
             cursor.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
+
+    def decide(self, batch: list[dict[str, Any]], decider: Decider) -> list[Any]:
+        """One writer at a time decides in its own transaction (``BEGIN IMMEDIATE``)."""
+        return decide_here(self, batch, decider)
 
     @contextmanager
     def writing(self) -> Iterator[sqlite3.Cursor]:

@@ -17,6 +17,7 @@ from uuid import NAMESPACE_URL, uuid5
 from eventsourcing.persistence import StoredEvent
 
 from ledger.errors import StoreUnavailable
+from ledger.model import Receipt
 
 DEFAULT_URL = "sqlite:///alloc-ledger.db"
 LEDGER_STREAM = uuid5(NAMESPACE_URL, "https://alloc-ledger/ledger")
@@ -36,6 +37,23 @@ class LoggedEvent(NamedTuple):
 Kept = StoredEvent | LoggedEvent  # what decoding accepts
 
 
+class Decider(Protocol):
+    """What decides batches: the application."""
+
+    def decide(self, cursor: Any, batch: list[dict[str, Any]]) -> list[Receipt]: ...
+    def forget(self) -> None: ...
+
+
+def decide_here(store: Store, batch: list[dict[str, Any]], decider: Decider) -> list[Receipt]:
+    """``Store.decide`` in this process's own write transaction."""
+    try:
+        with store.writing() as cursor:
+            return decider.decide(cursor, batch)
+    except BaseException:
+        decider.forget()
+        raise
+
+
 class Store(Protocol):
     """What the application needs from a store, whichever the database."""
 
@@ -44,6 +62,10 @@ class Store(Protocol):
     param: str
     state_prefix: str  # tables the writer decides against ("" = the projection tables)
     projects_inline: bool  # whether writers also keep the projection tables
+
+    def decide(self, batch: list[dict[str, Any]], decider: Decider) -> list[Receipt]:
+        """Have ``decider.decide(cursor, batch)`` run in a write transaction and
+        return the receipts once it is committed (``decider.forget()`` if it is not)."""
 
     def writing(self) -> AbstractContextManager[Any]:
         """A transaction that no other writer runs beside (the log is one sequence)."""

@@ -220,7 +220,7 @@ def run_streams(url: str, paths: list[Path], window: int, rate: float, batch: in
     busy_after, harness_after = cpu_busy(), harness_cpu()
     for stream in streams:
         if stream.process.wait() not in (0, 1):
-            raise SystemExit(f"a submit stream failed: {stream.process.stderr.read().decode()}")
+            raise SystemExit(f"a submit stream failed (exit {stream.process.returncode}): {stream.process.stderr.read().decode()}")
     latencies = sorted(x for s in streams for x in s.latencies)
     statuses: dict[str, int] = {}
     for stream in streams:

@@ -1,0 +1,223 @@
+"""PostgreSQL writers hand their batches to one leader, which decides them all.
+
+Serializing writers on the log's lock makes every writer wait through every
+other writer's whole transaction (preload, deciding, writes, commit), so the
+wait grows with the number of writers. Here writers combine instead:
+
+* A writer hands its validated batch over with one INSERT into ``handoff``,
+  an UNLOGGED table (no disk flush), which NOTIFYs the leader.
+* Every writer process keeps a standby thread waiting for a session advisory
+  lock; the thread that holds it leads. In one transaction it takes the
+  log's EXCLUSIVE lock, takes every batch handed over (in order), decides
+  them in that order against its own cache, which stays valid as long as it
+  leads, since no one else writes, appends them, writes each batch's
+  receipts into ``outcomes`` (UNLOGGED), commits (one flush for all of them)
+  and NOTIFYs the writers.
+* A writer reads its receipts only after that commit, so an acknowledged
+  event is durable. If the leader's process dies, its transaction rolls back
+  (the batches go back into ``handoff``), its lock is released and another
+  standby leads at once. A batch whose writer's session has ended before a
+  leader took it is dropped, not decided later on behalf of no one.
+
+Positions stay one gapless order: one leader at a time decides, under the
+same lock as before. A writer that hears nothing within the store's
+``timeout`` withdraws its batch if it is still waiting (nothing of it was
+written) and reports the store unavailable.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+import uuid
+import zlib
+from typing import TYPE_CHECKING, Any
+
+import orjson
+import psycopg
+from psycopg import sql
+
+from ledger.errors import StoreUnavailable
+from ledger.model import Event, Receipt
+from ledger.store import Decider
+
+if TYPE_CHECKING:
+    from ledger.postgres_store import PostgresStore
+
+TABLES = [  # created with the schema (PostgresStore)
+    """CREATE UNLOGGED TABLE IF NOT EXISTS handoff (
+        id BIGSERIAL PRIMARY KEY, batch TEXT NOT NULL, events BYTEA NOT NULL,
+        pid INTEGER NOT NULL, started TIMESTAMPTZ NOT NULL)""",
+    """CREATE UNLOGGED TABLE IF NOT EXISTS outcomes (
+        batch TEXT PRIMARY KEY, receipts BYTEA NOT NULL,
+        decided_at TIMESTAMPTZ NOT NULL DEFAULT now())""",
+    "CREATE INDEX IF NOT EXISTS outcomes_decided_at ON outcomes (decided_at)",
+]
+# A batch names the session that handed it over; a batch whose writer has
+# gone (killed before it was taken) is dropped, never decided later.
+HAND = (
+    "WITH handed AS (INSERT INTO handoff (batch, events, pid, started) "
+    "SELECT %s, %s, pid, backend_start FROM pg_stat_activity WHERE pid = pg_backend_pid() "
+    "RETURNING 1) SELECT pg_notify(%s, '') FROM handed"
+)
+TAKE = (
+    "WITH taken AS (DELETE FROM handoff RETURNING id, batch, events, pid, started) "
+    "SELECT t.batch, t.events FROM taken t JOIN pg_stat_activity a "
+    "ON a.pid = t.pid AND a.backend_start = t.started ORDER BY t.id"
+)
+GIVE = (
+    "INSERT INTO outcomes (batch, receipts) "
+    "SELECT * FROM unnest(%s::text[], %s::bytea[])"
+)
+# Receipts of writers that died before reading them.
+PURGE = "DELETE FROM outcomes WHERE decided_at < now() - interval '1 hour'"
+PURGE_EVERY = 1000  # rounds
+POLL = 0.05  # seconds a writer or an idle leader waits for a notification before looking
+PAYLOAD = 7000  # bytes of batch keys a notification carries, else "*": look
+
+
+class Handoff:
+    """One writer process's side of combining: hand over, wait, and stand by to lead."""
+
+    def __init__(self, store: PostgresStore, timeout: float) -> None:
+        self.store = store
+        self.timeout = timeout
+        schema = store.schema
+        self.lock_key = zlib.crc32(f"alloc-ledger:leader:{schema}".encode())
+        self.to_leader = f"alloc_ledger_{schema}_handoff"[:63]
+        self.to_writers = f"alloc_ledger_{schema}_outcomes"[:63]
+        self.connection: psycopg.Connection[Any] | None = None
+        self.decider: Decider | None = None
+        self.standby: threading.Thread | None = None
+        self.standby_connection: psycopg.Connection[Any] | None = None
+        self.stopping = threading.Event()
+        self.failure: BaseException | None = None
+        self.leading = False
+        self.rounds = 0
+
+    # -- the writer's side -----------------------------------------------------
+
+    def decide(self, batch: list[Event], decider: Decider) -> list[Receipt]:
+        """Hand a batch over and return its receipts once they are durable."""
+        self.decider = decider
+        connection = self._writer_connection()
+        key = uuid.uuid4().hex
+        try:
+            connection.execute(HAND, (key, orjson.dumps(batch), self.to_leader))
+            self._stand_by()
+            return self._await(connection, key)
+        except psycopg.Error as error:
+            self._drop_writer_connection()
+            raise self.store.unavailable(error) from None
+
+    def _await(self, connection: psycopg.Connection[Any], key: str) -> list[Receipt]:
+        deadline = time.monotonic() + self.timeout
+        while True:
+            heard = [n.payload for n in connection.notifies(timeout=POLL, stop_after=1)]
+            if not heard or any(p == "*" or key in p for p in heard):
+                row = connection.execute(
+                    "DELETE FROM outcomes WHERE batch = %s RETURNING receipts", (key,)
+                ).fetchone()
+                if row is not None:
+                    return [Receipt(*fields) for fields in orjson.loads(row[0])]
+            if self.failure is not None or time.monotonic() > deadline:
+                if self._withdraw(connection, key):
+                    if self.failure is not None:
+                        raise self.failure
+                    raise StoreUnavailable(
+                        f"store {self.store.shown}: no writer decided the batch within "
+                        f"{self.timeout:.0f} s (nothing of it was written)"
+                    )
+                deadline = time.monotonic() + self.timeout  # taken: its answer is coming
+
+    @staticmethod
+    def _withdraw(connection: psycopg.Connection[Any], key: str) -> bool:
+        """Take a batch back if no leader has taken it; whether it was still there."""
+        row = connection.execute(
+            "DELETE FROM handoff WHERE batch = %s RETURNING 1", (key,)
+        ).fetchone()
+        return row is not None
+
+    def _writer_connection(self) -> psycopg.Connection[Any]:
+        if self.connection is None or self.connection.closed:
+            self.connection = self.store.connect()
+            self.connection.execute(sql.SQL("LISTEN {}").format(sql.Identifier(self.to_writers)))
+        return self.connection
+
+    def _drop_writer_connection(self) -> None:
+        if self.connection is not None:
+            self.connection.close()
+            self.connection = None
+
+    # -- the standby's side ---------------------------------------------------
+
+    def _stand_by(self) -> None:
+        if self.standby is None or not self.standby.is_alive():
+            self.failure = None
+            self.standby = threading.Thread(
+                target=self._lead_when_free, name="alloc-ledger-standby", daemon=True
+            )
+            self.standby.start()
+
+    def _lead_when_free(self) -> None:
+        try:
+            connection = self.standby_connection = self.store.connect()
+            connection.execute("SELECT pg_advisory_lock(%s)", (self.lock_key,))
+            self.leading = True
+            connection.execute(sql.SQL("LISTEN {}").format(sql.Identifier(self.to_leader)))
+            while not self.stopping.is_set():
+                if not self._round():
+                    for _ in connection.notifies(timeout=POLL, stop_after=1):
+                        pass
+        except BaseException as error:  # noqa: BLE001 - for the writer waiting in this process
+            if not self.stopping.is_set():
+                self.failure = (
+                    self.store.unavailable(error) if isinstance(error, psycopg.Error) else error
+                )
+        finally:
+            self.leading = False
+            if self.standby_connection is not None:
+                self.standby_connection.close()  # releases the lock: another standby leads
+
+    def _round(self) -> bool:
+        """Decide every batch handed over, in one transaction; whether there were any."""
+        assert self.decider is not None
+        try:
+            with self.store.writing() as cursor:
+                cursor.execute(TAKE)
+                taken = cursor.fetchall()
+                if not taken:
+                    return False
+                batches = [(key, orjson.loads(events)) for key, events in taken]
+                receipts = self.decider.decide(cursor, [e for _, b in batches for e in b])
+                keys, answers, start = [], [], 0
+                for key, batch in batches:
+                    mine = receipts[start : start + len(batch)]
+                    start += len(batch)
+                    keys.append(key)
+                    answers.append(orjson.dumps([(r.status, r.position, r.error) for r in mine]))
+                cursor.execute(GIVE, (keys, answers))
+                self.rounds += 1
+                if self.rounds % PURGE_EVERY == 0:
+                    cursor.execute(PURGE)
+                said = ",".join(keys)
+                cursor.execute("SELECT pg_notify(%s, %s)", (
+                    self.to_writers, said if len(said) <= PAYLOAD else "*"))
+            return True
+        except BaseException:
+            self.decider.forget()  # what it decided may not have been kept
+            raise
+
+    def close(self) -> None:
+        """Stop standing by (a leader finishes its round first); others take over."""
+        self.stopping.set()
+        standby, connection = self.standby, self.standby_connection
+        if standby is not None and standby.is_alive():
+            if not self.leading and connection is not None:
+                try:
+                    connection.cancel_safe(timeout=2)  # stop waiting for the lock
+                except psycopg.Error:
+                    pass
+            standby.join(timeout=10)
+        self._drop_writer_connection()
+
