@@ -137,8 +137,8 @@ class PostgresStore:
             "user": unquote(parts.username or ""),
             "password": unquote(parts.password or ""),
         }
-        timeout = self.connect_timeout = float(options.get("connect_timeout", "5"))
-        self.handoff = Handoff(self, float(options.get("timeout", "30")))
+        timeout = self.connect_timeout = self._seconds(options, "connect_timeout", 5)
+        self.handoff = Handoff(self, self._seconds(options, "timeout", 30))
         extra = {"options": f"-c search_path={self.schema}"}
         extra.update((k, v) for k, v in options.items() if k in LIBPQ_OPTIONS)
         self.extra = extra
@@ -166,6 +166,15 @@ class PostgresStore:
         """Hand the batch to the writer that leads, which decides every waiting
         batch in one transaction (``ledger.postgres_handoff``)."""
         return self.handoff.decide(batch, decider)
+
+    def _seconds(self, options: dict[str, str], name: str, default: float) -> float:
+        try:
+            value = float(options.get(name, default))
+        except ValueError:
+            value = -1
+        if not value > 0:
+            self._fail(f"{name}={options[name]} must be a number of seconds above 0")
+        return value
 
     def _fail(self, reason: str) -> NoReturn:
         raise StoreUnavailable(f"cannot open store {self.shown}: {reason}") from None

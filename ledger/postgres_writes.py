@@ -75,6 +75,11 @@ class BatchStatements:
         types = column_types()
         t = prefix
         self.upsert_node = upsert(f"{t}nodes", NODE_COLUMNS, "node", types["nodes"])
+        self.heartbeat = (
+            f"UPDATE {t}nodes n SET last_heartbeat_at = u.at, last_heartbeat_position = u.position "
+            "FROM unnest(%b::text[], %b::text[], %b::bigint[]) u(node, at, position) "
+            "WHERE n.node = u.node"
+        )
         self.upsert_slot = upsert(f"{t}slots", SLOT_COLUMNS, "node, slot", types["slots"])
         self.upsert_alloc = upsert(
             f"{t}allocations", ALLOC_COLUMNS, "alloc", types["allocations"])
@@ -93,8 +98,14 @@ def write_changes(
 ) -> None:
     """``projections.rows.write_changes``, one statement per table."""
     keep_logs = not (decisions_only and prefix)
+    beats = changes.beats  # nodes changed by heartbeats alone: two columns
     batches: list[tuple[str, Rows]] = [
-        (statements.upsert_node, [node_row(n) for n in changes.nodes]),
+        (statements.upsert_node, [node_row(n) for n in changes.nodes if n.node not in beats]),
+        (
+            statements.heartbeat,
+            [(n.node, n.last_heartbeat_at, n.last_heartbeat_position)
+             for n in changes.nodes if n.node in beats],
+        ),
         (statements.upsert_slot, [slot_row(s) for s in changes.slots]),
         (statements.upsert_alloc, [alloc_row(a) for a in changes.allocs]),
         (statements.delete_address, [(a,) for a in changes.released]),
