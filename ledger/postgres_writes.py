@@ -8,7 +8,6 @@ from the projection tables' own DDL (``projections.tables``).
 
 from __future__ import annotations
 
-import json
 import re
 from collections.abc import Sequence
 from typing import Any
@@ -24,10 +23,7 @@ from projections.rows import (
     ALLOC_COLUMNS,
     NODE_COLUMNS,
     SLOT_COLUMNS,
-    address_row,
-    alloc_row,
-    node_row,
-    slot_row,
+    changed_rows,
 )
 
 Rows = Sequence[tuple[Any, ...]]
@@ -97,33 +93,9 @@ def write_changes(
     decisions_only: bool = False,
 ) -> None:
     """``projections.rows.write_changes``, one statement per table."""
-    keep_logs = not (decisions_only and prefix)
-    beats = changes.beats  # nodes changed by heartbeats alone: two columns
-    batches: list[tuple[str, Rows]] = [
-        (statements.upsert_node, [node_row(n) for n in changes.nodes if n.node not in beats]),
-        (
-            statements.heartbeat,
-            [(n.node, n.last_heartbeat_at, n.last_heartbeat_position)
-             for n in changes.nodes if n.node in beats],
-        ),
-        (statements.upsert_slot, [slot_row(s) for s in changes.slots]),
-        (statements.upsert_alloc, [alloc_row(a) for a in changes.allocs]),
-        (statements.delete_address, [(a,) for a in changes.released]),
-        (statements.upsert_address, [address_row(h) for h in changes.held]),
-    ]
-    if keep_logs:
-        batches.append((
-            statements.insert_state,
-            [(s.alloc, s.position, s.value, s.at) for s in changes.alloc_states],
-        ))
-        batches.append((
-            statements.insert_rejection,
-            [(r.position, r.type, r.entity, r.reason, json.dumps(r.event), r.at)
-             for r in changes.rejections],
-        ))
-    for statement, rows in batches:
+    for name, rows in changed_rows(changes, keep_logs=not (decisions_only and prefix)):
         if rows:
-            cursor.execute(statement, by_column(rows))
+            cursor.execute(getattr(statements, name), by_column(rows))
 
 
 class LogRecorder(PostgresProcessRecorder):

@@ -158,38 +158,45 @@ class TableSource:
         return {row[0] for row in self.cursor.fetchall()}
 
 
+def changed_rows(changes: Changes, keep_logs: bool = True) -> list[tuple[str, list[tuple[Any, ...]]]]:
+    """The rows each ``Statements`` statement (by attribute name) writes for
+    what the domain changed; a node changed by heartbeats alone is
+    ``(node, at, position)`` for ``heartbeat``; ``keep_logs=False`` leaves out
+    the logs kept only for reporting (alloc states, rejections)."""
+    beats = changes.beats
+    found: list[tuple[str, list[tuple[Any, ...]]]] = [
+        ("upsert_node", [node_row(n) for n in changes.nodes if n.node not in beats]),
+        (
+            "heartbeat",
+            [(n.node, n.last_heartbeat_at, n.last_heartbeat_position)
+             for n in changes.nodes if n.node in beats],
+        ),
+        ("upsert_slot", [slot_row(s) for s in changes.slots]),
+        ("upsert_alloc", [alloc_row(a) for a in changes.allocs]),
+        ("delete_address", [(a,) for a in changes.released]),
+        ("upsert_address", [address_row(h) for h in changes.held]),
+    ]
+    if keep_logs:
+        found.append(
+            ("insert_state", [(s.alloc, s.position, s.value, s.at) for s in changes.alloc_states])
+        )
+        found.append((
+            "insert_rejection",
+            [(r.position, r.type, r.entity, r.reason, json.dumps(r.event), r.at)
+             for r in changes.rejections],
+        ))
+    return found
+
+
 def write_changes(
     cursor: Any, sql: Statements, changes: Changes, decisions_only: bool = False
 ) -> None:
-    """Write everything the domain changed, one statement per table (a node
-    changed by heartbeats alone by an UPDATE of those two columns); with
+    """Write everything the domain changed, one ``executemany`` per table (a
+    node changed by heartbeats alone by an UPDATE of those two columns); with
     ``decisions_only`` and separate decision tables, skip the logs kept only
     for reporting (alloc states, rejections)."""
-    if decisions_only and sql.prefix:
-        changes.alloc_states = []
-        changes.rejections = []
-    beats = changes.beats
-    batches: list[tuple[str, list[tuple[Any, ...]]]] = [
-        (sql.upsert_node, [node_row(n) for n in changes.nodes if n.node not in beats]),
-        (
-            sql.heartbeat,
-            [(n.last_heartbeat_at, n.last_heartbeat_position, n.node)
-             for n in changes.nodes if n.node in beats],
-        ),
-        (sql.upsert_slot, [slot_row(s) for s in changes.slots]),
-        (sql.upsert_alloc, [alloc_row(a) for a in changes.allocs]),
-        (sql.delete_address, [(a,) for a in changes.released]),
-        (sql.upsert_address, [address_row(h) for h in changes.held]),
-        (sql.insert_state, [(s.alloc, s.position, s.value, s.at) for s in changes.alloc_states]),
-        (
-            sql.insert_rejection,
-            [
-                (r.position, r.type, r.entity, r.reason, json.dumps(r.event), r.at)
-                for r in changes.rejections
-            ],
-        ),
-    ]
-    for statement, rows in batches:
+    for name, rows in changed_rows(changes, keep_logs=not (decisions_only and sql.prefix)):
         if rows:
-            cursor.executemany(statement, rows)
-
+            if name == "heartbeat":
+                rows = [(at, position, node) for node, at, position in rows]
+            cursor.executemany(getattr(sql, name), rows)
