@@ -47,24 +47,29 @@ if TYPE_CHECKING:
 TABLES = [  # created with the schema (PostgresStore)
     """CREATE UNLOGGED TABLE IF NOT EXISTS handoff (
         id BIGSERIAL PRIMARY KEY, batch TEXT NOT NULL, events BYTEA NOT NULL,
-        pid INTEGER NOT NULL, started TIMESTAMPTZ NOT NULL)""",
+        pid INTEGER NOT NULL, started TIMESTAMPTZ)""",
     """CREATE UNLOGGED TABLE IF NOT EXISTS outcomes (
         batch TEXT PRIMARY KEY, receipts BYTEA NOT NULL,
         decided_at TIMESTAMPTZ NOT NULL DEFAULT now())""",
     "CREATE INDEX IF NOT EXISTS outcomes_decided_at ON outcomes (decided_at)",
 ]
 # A batch names the session that handed it over; a batch whose writer has
-# gone (killed before it was taken) is dropped, never decided later.
+# gone (killed before it was taken: no such pid, or the pid of a later
+# session) is dropped, never decided later. ``backend_start`` is hidden from
+# roles without the privilege to see another role's sessions: a batch whose
+# start is not visible counts as its writer's.
 HAND = (
     "WITH handed AS (INSERT INTO handoff (batch, events, pid, started) "
-    "SELECT %s, %s, pid, backend_start FROM pg_stat_activity WHERE pid = pg_backend_pid() "
+    "SELECT %s, %s, pid, backend_start FROM pg_stat_get_activity(pg_backend_pid()) "
     "RETURNING 1) SELECT pg_notify(%s, '') FROM handed"
 )
 TAKE = (
     "WITH taken AS (DELETE FROM handoff RETURNING id, batch, events, pid, started) "
-    "SELECT t.batch, t.events FROM taken t JOIN pg_stat_activity a "
-    "ON a.pid = t.pid AND a.backend_start = t.started ORDER BY t.id"
+    "SELECT t.batch, t.events FROM taken t JOIN pg_stat_get_activity(NULL) a ON a.pid = t.pid "
+    "WHERE a.backend_start IS NULL OR t.started IS NULL OR a.backend_start = t.started "
+    "ORDER BY t.id"
 )
+ANY_HANDED = "SELECT EXISTS (SELECT 1 FROM handoff)"
 GIVE = (
     "INSERT INTO outcomes (batch, receipts) "
     "SELECT * FROM unnest(%s::text[], %s::bytea[])"
@@ -112,6 +117,7 @@ class Handoff:
 
     def _await(self, connection: psycopg.Connection[Any], key: str) -> list[Receipt]:
         deadline = time.monotonic() + self.timeout
+        taken = False
         while True:
             heard = [n.payload for n in connection.notifies(timeout=POLL, stop_after=1)]
             if not heard or any(p == "*" or key in p for p in heard):
@@ -121,14 +127,20 @@ class Handoff:
                 if row is not None:
                     return [Receipt(*fields) for fields in orjson.loads(row[0])]
             if self.failure is not None or time.monotonic() > deadline:
+                if taken:  # a leader took it and has not answered in twice the time
+                    raise StoreUnavailable(
+                        f"store {self.store.shown}: the leader that took the batch did not "
+                        f"answer within {self.timeout:g} s (its events may or may not be kept)"
+                    )
                 if self._withdraw(connection, key):
                     if self.failure is not None:
                         raise self.failure
                     raise StoreUnavailable(
                         f"store {self.store.shown}: no writer decided the batch within "
-                        f"{self.timeout:.0f} s (nothing of it was written)"
+                        f"{self.timeout:g} s (nothing of it was written)"
                     )
-                deadline = time.monotonic() + self.timeout  # taken: its answer is coming
+                taken = True  # its answer should be coming
+                deadline = time.monotonic() + self.timeout
 
     @staticmethod
     def _withdraw(connection: psycopg.Connection[Any], key: str) -> bool:
@@ -162,11 +174,19 @@ class Handoff:
     def _lead_when_free(self) -> None:
         try:
             connection = self.standby_connection = self.store.connect()
-            connection.execute("SELECT pg_advisory_lock(%s)", (self.lock_key,))
+            while not self.stopping.is_set():  # stand by: try for the lead now and then
+                row = connection.execute(
+                    "SELECT pg_try_advisory_lock(%s)", (self.lock_key,)).fetchone()
+                if row is not None and row[0]:
+                    break
+                self.stopping.wait(POLL)
+            else:
+                return
             self.leading = True
             connection.execute(sql.SQL("LISTEN {}").format(sql.Identifier(self.to_leader)))
             while not self.stopping.is_set():
-                if not self._round():
+                handed = connection.execute(ANY_HANDED).fetchone()
+                if not (handed and handed[0] and self._round()):  # no log lock when idle
                     for _ in connection.notifies(timeout=POLL, stop_after=1):
                         pass
         except BaseException as error:  # noqa: BLE001 - for the writer waiting in this process
@@ -211,13 +231,8 @@ class Handoff:
     def close(self) -> None:
         """Stop standing by (a leader finishes its round first); others take over."""
         self.stopping.set()
-        standby, connection = self.standby, self.standby_connection
+        standby = self.standby
         if standby is not None and standby.is_alive():
-            if not self.leading and connection is not None:
-                try:
-                    connection.cancel_safe(timeout=2)  # stop waiting for the lock
-                except psycopg.Error:
-                    pass
-            standby.join(timeout=10)
+            standby.join(timeout=10)  # a standby stops at its next look, a leader after its round
         self._drop_writer_connection()
 

@@ -45,7 +45,7 @@ from ledger.postgres_writes import (
     LogRecorder,
     by_column,
 )
-from ledger.store import LEDGER_STREAM, PROJECTIONS, Decider
+from ledger.store import LEDGER_STREAM, PROJECTIONS, Decider, decide_here
 from projections import tables
 from projections.rows import Statements
 
@@ -55,7 +55,9 @@ PAGE = 5000
 TRACKING = "tracking"
 STATE_PREFIX = "state_"
 SCHEMA_NAME = re.compile(r"[a-z_][a-z0-9_]{0,62}")
-OPTIONS = {"schema", "projections", "connect_timeout", "timeout", "sslmode", "application_name"}
+OPTIONS = {
+    "schema", "projections", "writers", "connect_timeout", "timeout", "sslmode", "application_name",
+}
 LIBPQ_OPTIONS = ("sslmode", "application_name")
 # A writer that stalls inside its transaction (a client on a machine cut off
 # from the network) must not hold the log's lock until TCP notices: the server
@@ -126,6 +128,10 @@ class PostgresStore:
         if inline not in ("inline", "follow"):
             self._fail(f"projections={inline} must be inline or follow")
         self.projects_inline = inline == "inline"
+        writers = options.get("writers", "lock")
+        if writers not in ("lock", "combine"):
+            self._fail(f"writers={writers} must be lock or combine")
+        self.combines = writers == "combine"
         self.stream = LEDGER_STREAM
         self._local = threading.local()
         self._batch_statements: dict[str, BatchStatements] = {}
@@ -163,9 +169,12 @@ class PostgresStore:
         return StoreUnavailable(f"store {self.shown}: {describe(error)}")
 
     def decide(self, batch: list[dict[str, Any]], decider: Decider) -> list[Any]:
-        """Hand the batch to the writer that leads, which decides every waiting
-        batch in one transaction (``ledger.postgres_handoff``)."""
-        return self.handoff.decide(batch, decider)
+        """Take the log's lock and decide in this process's own transaction, or
+        (``?writers=combine``) hand the batch to the writer that leads, which
+        decides every waiting batch in one transaction (``ledger.postgres_handoff``)."""
+        if self.combines:
+            return self.handoff.decide(batch, decider)
+        return decide_here(self, batch, decider)
 
     def _seconds(self, options: dict[str, str], name: str, default: float) -> float:
         try:

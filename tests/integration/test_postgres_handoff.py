@@ -1,4 +1,4 @@
-"""PostgreSQL writers hand batches to one leader (``ledger.postgres_handoff``):
+"""PostgreSQL writers with ``?writers=combine`` hand batches to one leader (``ledger.postgres_handoff``):
 several writers' batches are decided in one transaction, in order; a batch
 whose writer has gone is dropped, never decided later; a writer that no
 leader answers withdraws its batch and says so; a leader that stops hands
@@ -16,6 +16,8 @@ from ledger.errors import StoreUnavailable
 from ledger.postgres_handoff import HAND
 from ledger.store import open_store
 
+COMBINE = "&writers=combine"
+
 
 def _leader_key(schema: str) -> int:
     return zlib.crc32(f"alloc-ledger:leader:{schema}".encode())
@@ -28,6 +30,7 @@ def _register(url: str, *nodes: str) -> None:
 
 
 def test_one_leader_decides_the_batches_of_several_writers(pg_url, tables):
+    pg_url += COMBINE
     _register(pg_url, "n1")
     writers = [Ledger.open(pg_url) for _ in range(4)]
     results: dict[int, list[str]] = {}
@@ -55,6 +58,7 @@ def test_one_leader_decides_the_batches_of_several_writers(pg_url, tables):
 
 
 def test_a_batch_whose_writer_has_gone_is_dropped_not_decided(pg_url, pg_schema, tables):
+    pg_url += COMBINE
     _register(pg_url, "n1")
     store = open_store(pg_url)
     gone = store.connect()  # type: ignore[attr-defined]
@@ -71,6 +75,7 @@ def test_a_batch_whose_writer_has_gone_is_dropped_not_decided(pg_url, pg_schema,
 
 
 def test_a_writer_no_leader_answers_withdraws_its_batch(pg_url, pg_schema, tables):
+    pg_url += COMBINE
     _register(pg_url, "n1")
     blocker = open_store(pg_url).connect()  # type: ignore[attr-defined]
     blocker.execute("SELECT pg_advisory_lock(%s)", (_leader_key(pg_schema),))  # a stuck leader
@@ -87,6 +92,7 @@ def test_a_writer_no_leader_answers_withdraws_its_batch(pg_url, pg_schema, table
 
 
 def test_when_the_leader_stops_a_standby_of_another_writer_leads(pg_url, tables):
+    pg_url += COMBINE
     _register(pg_url, "n1")
     first, second = Ledger.open(pg_url), Ledger.open(pg_url)
     try:
