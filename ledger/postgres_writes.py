@@ -73,7 +73,7 @@ class BatchStatements:
         self.upsert_node = upsert(f"{t}nodes", NODE_COLUMNS, "node", types["nodes"])
         self.heartbeat = (
             f"UPDATE {t}nodes n SET last_heartbeat_at = u.at, last_heartbeat_position = u.position "
-            "FROM unnest(%b::text[], %b::text[], %b::bigint[]) u(node, at, position) "
+            "FROM unnest(%b::text[], %b::bigint[], %b::text[]) u(at, position, node) "
             "WHERE n.node = u.node"
         )
         self.upsert_slot = upsert(f"{t}slots", SLOT_COLUMNS, "node, slot", types["slots"])

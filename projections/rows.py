@@ -161,14 +161,14 @@ class TableSource:
 def changed_rows(changes: Changes, keep_logs: bool = True) -> list[tuple[str, list[tuple[Any, ...]]]]:
     """The rows each ``Statements`` statement (by attribute name) writes for
     what the domain changed; a node changed by heartbeats alone is
-    ``(node, at, position)`` for ``heartbeat``; ``keep_logs=False`` leaves out
+    ``(at, position, node)`` for ``heartbeat``; ``keep_logs=False`` leaves out
     the logs kept only for reporting (alloc states, rejections)."""
     beats = changes.beats
     found: list[tuple[str, list[tuple[Any, ...]]]] = [
         ("upsert_node", [node_row(n) for n in changes.nodes if n.node not in beats]),
         (
             "heartbeat",
-            [(n.node, n.last_heartbeat_at, n.last_heartbeat_position)
+            [(n.last_heartbeat_at, n.last_heartbeat_position, n.node)
              for n in changes.nodes if n.node in beats],
         ),
         ("upsert_slot", [slot_row(s) for s in changes.slots]),
@@ -197,6 +197,4 @@ def write_changes(
     for reporting (alloc states, rejections)."""
     for name, rows in changed_rows(changes, keep_logs=not (decisions_only and sql.prefix)):
         if rows:
-            if name == "heartbeat":
-                rows = [(at, position, node) for node, at, position in rows]
             cursor.executemany(getattr(sql, name), rows)
