@@ -74,14 +74,18 @@ def replay(cluster: Cluster, record: Record) -> None:
         cluster.apply(record.event, record.fact)
 
 
-def replay_stored(cluster: Cluster, stored: Kept) -> str:
+def replay_stored(cluster: Cluster, stored: Kept, until: str | None = None) -> str | None:
     """``replay(cluster, decode(stored))`` without building a Record (replays
-    run this for every event of history); return the event's ``at``."""
+    run this for every event of history); return the event's ``at``, or
+    None, applying nothing, when that is later than ``until``."""
     state = orjson.loads(stored.state)
     event = state["event"]
-    fact = Fact(stored.originator_version, event["at"])
+    at: str = event["at"]
+    if until is not None and at > until:
+        return None
+    fact = Fact(stored.originator_version, at)
     if stored.topic == REJECTED:
         cluster.reject(event, state.get("reason") or "", fact)
     else:
         cluster.apply(event, fact)
-    return fact.at
+    return at

@@ -12,8 +12,8 @@ from ledger.collection import fewer_collections
 from ledger.domain import Cluster
 from ledger.errors import LedgerError
 from ledger.model import timestamp
-from ledger.records import decode, replay_stored
-from ledger.store import Kept, Store
+from ledger.records import replay_stored
+from ledger.store import Store
 from projections import checkpoints, tables
 from projections.rows import Statements, write_changes
 
@@ -53,19 +53,15 @@ def rebuild(
     start = checkpoints.nearest(store, upto, until) if every and bounded else None
     cluster, position, max_at = start if start is not None else (Cluster(), 0, "")
     for stored in store.read_log(position, upto):
-        if until is not None and _at(stored) > until:
-            break
-        at = replay_stored(cluster, stored)
+        at = replay_stored(cluster, stored, until)
+        if at is None:
+            break  # the first event after the moment asked for
         position = stored.originator_version
         if at > max_at:  # noqa: PLR1730 - a call per event costs more
             max_at = at
         if every and position % every == 0:
             checkpoints.keep(store, cluster, position, max_at)
     return cluster, position
-
-
-def _at(stored: Kept) -> str:
-    return str(decode(stored).event["at"])
 
 
 @fewer_collections()
