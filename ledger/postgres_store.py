@@ -19,6 +19,7 @@ Only this module imports psycopg; every cursor it hands out yields tuples.
 
 from __future__ import annotations
 
+import math
 import re
 import threading
 import zlib
@@ -33,9 +34,9 @@ from eventsourcing.postgres import PostgresDatastore, PostgresProcessRecorder
 from psycopg import sql
 from psycopg.rows import tuple_row
 
-from ledger import postgres_handoff as handoff_tables
 from ledger import postgres_writes
 from ledger.errors import LedgerError, StoreUnavailable
+from ledger.postgres_handoff import TABLES as HANDOFF_TABLES
 from ledger.postgres_handoff import Handoff
 from ledger.postgres_preload import KNOWN_IDS, Preload, known_ids, named_by, not_cached
 from ledger.postgres_writes import (
@@ -181,8 +182,8 @@ class PostgresStore:
             value = float(options.get(name, default))
         except ValueError:
             value = -1
-        if not value > 0:
-            self._fail(f"{name}={options[name]} must be a number of seconds above 0")
+        if not 0 < value < math.inf:
+            self._fail(f"{name}={options[name]} must be a finite number of seconds above 0")
         return value
 
     def _fail(self, reason: str) -> NoReturn:
@@ -250,7 +251,7 @@ class PostgresStore:
                     cursor.execute(statement)
             tables.create(cursor, self.dialect)
             tables.create(cursor, self.dialect, prefix=STATE_PREFIX)
-            for statement in handoff_tables.TABLES:
+            for statement in HANDOFF_TABLES:
                 cursor.execute(statement)
             cursor.execute(
                 f"INSERT INTO {TRACKING} (application_name, notification_id) VALUES (%s, 0) "

@@ -22,7 +22,7 @@ from __future__ import annotations
 import json
 import secrets
 import time
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from ledger.collection import fewer_collections
@@ -67,14 +67,7 @@ class Difference:
     found: Any  # what the compared tables hold
 
     def as_dict(self) -> dict[str, Any]:
-        return {
-            "table": self.table,
-            "key": self.key,
-            "problem": self.problem,
-            "column": self.column,
-            "expected": self.expected,
-            "found": self.found,
-        }
+        return asdict(self)
 
 
 @dataclass(slots=True)

@@ -329,6 +329,9 @@ def test_a_refused_password_is_exit_3_in_one_line_without_showing_it(fails_to_op
     ("schema=Bad-Name", "schema name 'Bad-Name'"),
     ("projections=sometimes", "projections=sometimes"),
     ("colour=blue", "unknown option 'colour'"),
+    ("writers=all", "writers=all must be lock or combine"),
+    ("timeout=soon", "timeout=soon must be a finite number of seconds above 0"),
+    ("connect_timeout=inf", "connect_timeout=inf must be a finite number of seconds above 0"),
 ])
 def test_a_bad_url_is_exit_3_in_one_line(pg_dsn, fails_to_open, extra, reason):
     fails_to_open(option(pg_dsn, extra), reason)
