@@ -5,10 +5,9 @@ from __future__ import annotations
 import itertools
 import json
 import os
-import queue
+import select
 import stat
 import sys
-import threading
 import time
 from collections import Counter
 from collections.abc import Iterator
@@ -24,6 +23,7 @@ from ledger.events import EVENT_TYPES, from_flags
 MAX_LINE = 1 << 20  # a longer line is reported invalid without being held in memory
 BATCH = 5000
 TOO_LONG = object()
+READ = 1 << 16  # bytes asked of a pipe at a time
 
 
 @click.command(
@@ -123,47 +123,94 @@ def _stream(
 ) -> Iterator[list[tuple[int, Receipt]]]:
     """Commit what has arrived in batches: large when input is waiting, small
     (down to one event) when a producer sends slowly and waits for answers."""
-    if _is_file(stream):
-        numbered = _lines(stream)  # a file never makes us wait: full batches
+    descriptor = _pipe(stream)
+    if descriptor is None:  # a file, or a stream in memory, never makes us wait: full batches
+        numbered = _lines(stream)
         while pending := list(itertools.islice(numbered, batch)):
             yield _decide(ledger, pending)
         return
-    lines: queue.Queue[Any] = queue.Queue(maxsize=batch * 4)
-    done = object()
-
-    def read() -> None:
-        try:
-            for item in _lines(stream):
-                lines.put(item)
-        finally:
-            lines.put(done)
-
-    threading.Thread(target=read, daemon=True).start()
-    finished = False
-    while not finished:
-        pending = [lines.get()]
-        while len(pending) < batch:
-            try:
-                pending.append(lines.get_nowait())
-            except queue.Empty:
-                break
-        if pending[-1] is done:
-            pending.pop()
-            finished = True
+    arrivals = Arrivals(descriptor)
+    while pending := arrivals.take(batch):
         yield _decide(ledger, pending)
 
 
-def _is_file(stream: IO[bytes]) -> bool:
+class Arrivals:
+    """Numbered lines from a pipe or terminal as they arrive: every complete
+    line already there, waiting only when there is none. Blank lines are
+    skipped, over-long ones flagged and never held (as ``_lines`` does)."""
+
+    def __init__(self, descriptor: int) -> None:
+        self.descriptor = descriptor
+        self.ready: list[tuple[int, Any]] = []
+        self.partial = b""
+        self.skipping = False  # inside an over-long line, already flagged
+        self.number = 0
+        self.ended = False
+
+    def take(self, most: int) -> list[tuple[int, Any]]:
+        while len(self.ready) < most and not self.ended:
+            if self.ready and not select.select([self.descriptor], [], [], 0)[0]:
+                break  # something to commit and nothing more waiting
+            self._split(os.read(self.descriptor, READ))
+        taken, self.ready = self.ready[:most], self.ready[most:]
+        return taken
+
+    def _split(self, chunk: bytes) -> None:
+        if not chunk:
+            self.ended = True
+            if self.partial and not self.skipping:
+                self._add(self.partial, b"")
+            return
+        pieces = chunk.split(b"\n")
+        for piece in pieces[:-1]:
+            if self.skipping:
+                self.skipping = False
+            else:
+                self._add(self.partial + piece, b"\n")
+            self.partial = b""
+        if not self.skipping:
+            self.partial += pieces[-1]
+            if len(self.partial) > MAX_LINE:
+                self.number += 1
+                self.ready.append((self.number, TOO_LONG))
+                self.partial, self.skipping = b"", True
+
+    def _add(self, line: bytes, end: bytes) -> None:
+        """A line as ``readline`` gives it, with its newline (``end``) if it had one."""
+        self.number += 1
+        if len(line) > MAX_LINE:
+            self.ready.append((self.number, TOO_LONG))
+        elif line.strip():
+            self.ready.append((self.number, line + end))
+
+
+def _pipe(stream: IO[bytes]) -> int | None:
+    """The descriptor of a stream that can keep us waiting (pipe, socket,
+    terminal); None for a regular file or a stream in memory."""
     try:
-        return stat.S_ISREG(os.fstat(stream.fileno()).st_mode)
+        descriptor = stream.fileno()
+        if stat.S_ISREG(os.fstat(descriptor).st_mode):
+            return None
     except (OSError, ValueError, AttributeError):  # io.UnsupportedOperation is an OSError
-        return False
+        return None
+    return descriptor  # read below its buffer: nothing has read from it before
 
 
 def _decide(ledger: Ledger, pending: list[tuple[int, Any]]) -> list[tuple[int, Receipt]]:
     too_long = Receipt("invalid", error=f"line is longer than {MAX_LINE} bytes")
     decided = iter(ledger.submit_batch([line for _, line in pending if line is not TOO_LONG]))
     return [(n, too_long if line is TOO_LONG else next(decided)) for n, line in pending]
+
+
+def _result_line(number: int, receipt: Receipt) -> str:
+    """``json.dumps({"line": number} | receipt.as_dict())`` and a newline, without
+    building the dict (a stream prints one per event)."""
+    position = "null" if receipt.position is None else receipt.position
+    error = "null" if receipt.error is None else json.dumps(receipt.error, ensure_ascii=False)
+    return (
+        f'{{"line": {number}, "status": "{receipt.status}", '
+        f'"position": {position}, "error": {error}}}\n'
+    )
 
 
 def _print(
@@ -176,8 +223,7 @@ def _print(
         for number, receipt in batch:
             counts[receipt.status] += 1
             if not quiet:
-                out.write(json.dumps({"line": number} | receipt.as_dict(), ensure_ascii=False))
-                out.write("\n")
+                out.write(_result_line(number, receipt))
         out.flush()
         if progress and time.monotonic() - shown > 0.2:
             shown = time.monotonic()

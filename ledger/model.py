@@ -127,7 +127,8 @@ def timestamp(moment: datetime) -> str:
     """One fixed-width UTC text form, so text order is time order in SQL."""
     if moment.utcoffset() != _ZERO:
         moment = moment.astimezone(UTC)
-    return moment.isoformat(timespec="microseconds")[:26] + "Z"
+    text = moment.isoformat()[:-6]  # without its "+00:00"; isoformat leaves out zero microseconds
+    return text + "Z" if len(text) == 26 else text + ".000000Z"
 
 
 @dataclass(frozen=True, slots=True)

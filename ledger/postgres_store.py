@@ -44,7 +44,7 @@ from ledger.postgres_writes import (
     INSERT_IDS,
     BatchStatements,
     LogRecorder,
-    by_column,
+    as_json,
 )
 from ledger.store import LEDGER_STREAM, PROJECTIONS, Decider, decide_here
 from projections import tables
@@ -343,7 +343,7 @@ class PostgresStore:
 
     def append(self, cursor: Any, events: list[StoredEvent], hashes: list[tuple[int, str]]) -> None:
         self.recorder.insert_locked(cursor, events)
-        cursor.execute(INSERT_HASHES, by_column(hashes))
+        cursor.execute(INSERT_HASHES, as_json(hashes))
         self._local.last = None
 
     def hash_at(self, cursor: Any, position: int) -> str | None:
@@ -371,7 +371,7 @@ class PostgresStore:
 
     def remember_ids(self, cursor: Any, pairs: list[tuple[str, int]]) -> None:
         if pairs:
-            cursor.execute(INSERT_IDS, by_column(pairs))
+            cursor.execute(INSERT_IDS, as_json(pairs))
 
     def write_changes(
         self, cursor: Any, sql: Any, changes: Any, decisions_only: bool = False

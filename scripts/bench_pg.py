@@ -144,6 +144,7 @@ class Stream:
             cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)}, bufsize=0,
         )
         self.done = time.perf_counter()
+        self.answered = threading.Event()  # every line measured has its answer
 
     def warm_up(self) -> None:
         """Send the first line and wait for its answer: the process has started,
@@ -188,11 +189,27 @@ class Stream:
     def consume(self) -> None:
         for raw in self.stdout:
             now = time.perf_counter()
-            result = json.loads(raw)
-            self.latencies.append(now - self.sent[result["line"] - 2])
-            self.statuses[result["status"]] = self.statuses.get(result["status"], 0) + 1
+            line, status = result_of(raw)
+            self.latencies.append(now - self.sent[line - 2])
+            self.statuses[status] = self.statuses.get(status, 0) + 1
             self.window.release()
+            if len(self.latencies) == len(self.lines):
+                self.answered.set()
         self.done = time.perf_counter()
+        self.answered.set()
+
+
+RESULT = re.compile(rb'^\{"line": (\d+), "status": "(\w+)"')
+
+
+def result_of(raw: bytes) -> tuple[int, str]:
+    """The line number and status of a result line, read without decoding all
+    of it (this process shares the CPUs with what it measures)."""
+    found = RESULT.match(raw)
+    if found is None:
+        result = json.loads(raw)
+        return result["line"], result["status"]
+    return int(found.group(1)), found.group(2).decode()
 
 
 def run_streams(url: str, paths: list[Path], window: int, rate: float, batch: int) -> dict[str, Any]:
@@ -211,13 +228,17 @@ def run_streams(url: str, paths: list[Path], window: int, rate: float, batch: in
     for thread in threads:
         thread.start()
     time.sleep(0.5)
-    busy_before, harness_before = cpu_busy(), harness_cpu()
+    pids = {stream.process.pid: "submit streams" for stream in streams}
+    pids[os.getpid()] = "this script"
+    busy_before, harness_before, by_before = cpu_busy(), harness_cpu(), cpu_by_program(pids)
     began[0] = time.perf_counter()
     start.set()
+    for stream in streams:
+        stream.answered.wait()
+    busy_after, harness_after, by_after = cpu_busy(), harness_cpu(), cpu_by_program(pids)
     for thread in threads:
         thread.join()
     elapsed = max(s.done for s in streams) - began[0]
-    busy_after, harness_after = cpu_busy(), harness_cpu()
     for stream in streams:
         if stream.process.wait() not in (0, 1):
             raise SystemExit(f"a submit stream failed (exit {stream.process.returncode}): {stream.process.stderr.read().decode()}")
@@ -238,6 +259,9 @@ def run_streams(url: str, paths: list[Path], window: int, rate: float, batch: in
         "cpu_busy": busy_after[0] - busy_before[0],
         "cpu_total": busy_after[1] - busy_before[1],
         "cpu_harness": harness_after - harness_before,
+        "cpu_by_program": {
+            name: by_after[name] - by_before.get(name, 0.0) for name in by_after
+        },
     }
 
 
@@ -256,6 +280,26 @@ def harness_cpu() -> float:
     """CPU seconds this measuring process has used (its pacing and reading threads)."""
     times = os.times()
     return times.user + times.system
+
+
+def cpu_by_program(named: dict[int, str]) -> dict[str, float]:
+    """CPU seconds used so far by the processes alive now, summed by program name or
+    by the name ``named`` gives their PID (Linux /proc/PID/stat, every thread). A
+    process that exits before the second reading drops out; the ledger's streams
+    and the server's sessions live through the run."""
+    ticks = os.sysconf("SC_CLK_TCK")
+    used: dict[str, float] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue
+        name = named.get(int(entry.name)) or stat[stat.index("(") + 1:stat.rindex(")")]
+        fields = stat[stat.rindex(")") + 2:].split()
+        used[name] = used.get(name, 0.0) + (float(fields[11]) + float(fields[12])) / ticks
+    return used
 
 
 def commits(dsn: str) -> int:
@@ -328,6 +372,9 @@ def main(argv: list[str] | None = None) -> int:
               f"clock's start to the last answer (every process on the machine), "
               f"{1e6 * busy / events:.0f} CPU-us per event, of which this measuring "
               f"process {1e6 * ledger['cpu_harness'] / events:.0f}")
+        programs = sorted(ledger["cpu_by_program"].items(), key=lambda item: -item[1])
+        print("CPU-us per event by program: " + ", ".join(
+            f"{name} {1e6 * seconds / events:.0f}" for name, seconds in programs[:6] if seconds > 0))
     print(f"ratio to pgbench: {ratio:.2f} (goal >= {GOAL_RATIO})")
     print(f"acknowledgement latency: p50 {ledger['p50_ms']:.1f} ms, p99 {ledger['p99_ms']:.1f} ms, "
           f"max {ledger['max_ms']:.1f} ms (goal p99 < {GOAL_P99_MS:.0f} ms)")
