@@ -8,6 +8,7 @@ so a reported append is durable and nothing is ever half-written.
 from __future__ import annotations
 
 import threading
+from dataclasses import dataclass
 from collections.abc import Iterable, Iterator
 from datetime import UTC, datetime
 from typing import Any, Self
@@ -17,7 +18,7 @@ from eventsourcing.persistence import StoredEvent
 from ledger import events
 from ledger.chain import GENESIS, link
 from ledger.collection import fewer_collections
-from ledger.domain import AlreadyPlaced, Cluster, touched_by
+from ledger.domain import AlreadyPlaced, Changes, Cluster, touched_by
 from ledger.errors import InvalidEvent, LedgerError, RuleViolation
 from ledger.model import Event, Fact, Receipt, timestamp
 from ledger.records import REJECTED, Record, encode
@@ -29,6 +30,21 @@ __all__ = ["Ledger", "Receipt"]
 
 Submission = dict[str, Any] | str | bytes
 CACHE_LIMIT = 200_000  # entities a writer keeps in memory between batches
+
+
+@dataclass(frozen=True, slots=True)
+class Decided:
+    """A batch decided in memory and not written yet: after position ``after``,
+    up to ``head``."""
+
+    after: int
+    head: int
+    batch: list[Event]
+    receipts: list[Receipt]
+    kept: list[StoredEvent]
+    hashes: list[tuple[int, str]]
+    new_ids: list[tuple[str, int]]
+    changes: Changes | None
 
 
 def now() -> datetime:
@@ -44,7 +60,9 @@ class Ledger:
         self.source = TableSource(self.sql)
         self.cluster = Cluster(self.source)
         self.projector = Projector(store)
-        self._head: int | None = None
+        self._head: int | None = None  # the last position this process decided
+        self._last_hash: tuple[int, str] | None = None  # and its chain hash
+        self._recent_ids: dict[str, int] = {}  # client ids of the last batch it decided
         self._deciding = threading.RLock()  # a PostgreSQL standby thread may decide too
 
     @classmethod
@@ -101,19 +119,61 @@ class Ledger:
         with self._deciding:
             return self._decide(cursor, batch)
 
+    def decide_ahead(self, cursor: Any, batch: list[Event]) -> Decided | None:
+        """Decide a batch after the last one this process decided, which may
+        not be committed yet, without writing it (``write_ahead`` does, under
+        the log's lock). ``cursor`` reads what is committed: every entity the
+        earlier batch changed is held in memory, so what is loaded is what no
+        batch in flight changed. None when it cannot be decided ahead (nothing
+        decided yet, the caches are to be trimmed, or projections follow
+        inline): decide it with ``decide`` once the earlier batch is committed."""
+        with self._deciding:
+            if (
+                self._head is None or self._last_hash is None
+                or self._last_hash[0] != self._head or self.store.projects_inline
+                or self.cluster.size() > CACHE_LIMIT
+            ):
+                return None
+            return self._decide_in_memory(cursor, batch, self._head)
+
+    def write_ahead(self, cursor: Any, decided: Decided) -> list[Receipt]:
+        """Write a batch ``decide_ahead`` decided, in the caller's transaction,
+        which holds the log's lock; decide it again if another writer appended
+        since (its receipts are then those of the new decision)."""
+        with self._deciding:
+            if self.store.head(cursor) != decided.after:
+                self.forget()
+                return self._decide(cursor, decided.batch)
+            self._write(cursor, decided)
+            return decided.receipts
+
     def forget(self) -> None:
         """Drop the cached state (a transaction failed: what it decided is not kept)."""
         with self._deciding:
             self.cluster.forget()
             self._head = None
+            self._last_hash = None
+            self._recent_ids = {}
 
     def _decide(self, cursor: Any, batch: list[Event]) -> list[Receipt]:
         head = self.store.head(cursor)
-        self.source.cursor = cursor
         if head != self._head:
-            self.cluster.forget()  # another process wrote since we last did
+            self.forget()  # another process wrote since we last did
+        decided = self._decide_in_memory(cursor, batch, head)
+        self._write(cursor, decided)
+        if self.cluster.size() > CACHE_LIMIT:
+            self.forget()  # memory stays bounded; entities reload on demand
+        return decided.receipts
+
+    def _decide_in_memory(self, cursor: Any, batch: list[Event], head: int) -> Decided:
+        """Decide a batch after position ``head`` against the caches, loading
+        what they miss through ``cursor``; nothing is written."""
+        after = head
+        self.source.cursor = cursor
         self.store.preload(cursor, self.sql, self.cluster, batch)
         known = self.store.known_ids(cursor, [e["id"] for e in batch if "id" in e])
+        for ident in self._recent_ids.keys() & {e["id"] for e in batch if "id" in e}:
+            known.setdefault(ident, self._recent_ids[ident])  # decided, maybe not committed
         moment = now()
         recorded_at = timestamp(moment)
         receipts: list[Receipt] = []
@@ -139,16 +199,21 @@ class Ledger:
                 receipts.append(Receipt("rejected", head, record.reason))
             else:
                 receipts.append(Receipt("appended", head))
-        if kept:
-            self.store.append(cursor, kept, self._chain(cursor, kept))
-            self.store.remember_ids(cursor, new_ids)
-            changes = self.cluster.take_changes()
-            self.store.write_changes(cursor, self.sql, changes, decisions_only=True)
-            self._project_inline(cursor, head)
+        hashes = self._chain(cursor, after, kept) if kept else []
+        changes = self.cluster.take_changes() if kept else None
         self._head = head
-        if self.cluster.size() > CACHE_LIMIT:
-            self.cluster.forget()  # memory stays bounded; entities reload on demand
-        return receipts
+        if hashes:
+            self._last_hash = hashes[-1]
+        self._recent_ids = dict(new_ids)
+        return Decided(after, head, batch, receipts, kept, hashes, new_ids, changes)
+
+    def _write(self, cursor: Any, decided: Decided) -> None:
+        if decided.kept:
+            assert decided.changes is not None
+            self.store.append(cursor, decided.kept, decided.hashes)
+            self.store.remember_ids(cursor, decided.new_ids)
+            self.store.write_changes(cursor, self.sql, decided.changes, decisions_only=True)
+            self._project_inline(cursor, decided.head)
 
     def _record(self, event: Event, position: int, recorded_at: str) -> Record | Receipt:
         fact = Fact(position, event["at"])
@@ -170,16 +235,24 @@ class Ledger:
         named = set(touched_by(data))
         return sorted({t for t in touches if t not in named})
 
-    def _chain(self, cursor: Any, kept: list[StoredEvent]) -> list[tuple[int, str]]:
-        first = kept[0].originator_version
-        previous = GENESIS if first == 1 else self.store.hash_at(cursor, first - 1)
-        if previous is None:
-            raise LedgerError(f"the hash chain has no entry for position {first - 1}")
+    def _chain(self, cursor: Any, after: int, kept: list[StoredEvent]) -> list[tuple[int, str]]:
+        previous = self._hash_at(cursor, after)
         hashes = []
         for stored in kept:
             previous = link(previous, stored.originator_version, stored.topic, stored.state)
             hashes.append((stored.originator_version, previous))
         return hashes
+
+    def _hash_at(self, cursor: Any, position: int) -> str:
+        """The chain hash of a position: the last one this process decided, or kept."""
+        if position == 0:
+            return GENESIS
+        if self._last_hash is not None and self._last_hash[0] == position:
+            return self._last_hash[1]
+        found = self.store.hash_at(cursor, position)
+        if found is None:
+            raise LedgerError(f"the hash chain has no entry for position {position}")
+        return found
 
     def _project_inline(self, cursor: Any, head: int) -> None:
         """The projection tables follow in the same transaction: on SQLite they

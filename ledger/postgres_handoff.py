@@ -13,6 +13,12 @@ wait grows with the number of writers. Here writers combine instead:
   leads, since no one else writes, appends them, writes each batch's
   receipts into ``outcomes`` (UNLOGGED), commits (one flush for all of them)
   and NOTIFYs the writers.
+* Rounds overlap: while one round's writes and commit run on the server, the
+  leader takes the next round's batches on a second connection and decides
+  them against its cache (which already holds everything the committing
+  round changed; what it loads, no round in flight changed). It takes the
+  log's lock, and writes, only once the previous round has committed; if that
+  commit failed, the next round rolls back too and its batches go back.
 * A writer reads its receipts only after that commit, so an acknowledged
   event is durable. If the leader's process dies, its transaction rolls back
   (the batches go back into ``handoff``), its lock is released and another
@@ -27,8 +33,12 @@ written) and reports the store unavailable.
 
 from __future__ import annotations
 
+import itertools
+import sys
 import threading
 import time
+from concurrent.futures import Future, ThreadPoolExecutor
+from contextlib import ExitStack
 import uuid
 import zlib
 from typing import TYPE_CHECKING, Any
@@ -63,8 +73,10 @@ HAND = (
     "SELECT %s, %s, pid, backend_start FROM pg_stat_get_activity(pg_backend_pid()) "
     "RETURNING 1) SELECT pg_notify(%s, '') FROM handed"
 )
+# Batches a round still committing took are locked: the next round skips them.
 TAKE = (
-    "WITH taken AS (DELETE FROM handoff RETURNING id, batch, events, pid, started) "
+    "WITH taken AS (DELETE FROM handoff WHERE id IN "
+    "(SELECT id FROM handoff FOR UPDATE SKIP LOCKED) RETURNING id, batch, events, pid, started) "
     "SELECT t.batch, t.events FROM taken t JOIN pg_stat_get_activity(NULL) a ON a.pid = t.pid "
     "WHERE a.backend_start IS NULL OR t.started IS NULL OR a.backend_start = t.started "
     "ORDER BY t.id"
@@ -79,6 +91,12 @@ PURGE = "DELETE FROM outcomes WHERE decided_at < now() - interval '1 hour'"
 PURGE_EVERY = 1000  # rounds
 POLL = 0.05  # seconds a writer or an idle leader waits for a notification before looking
 PAYLOAD = 7000  # bytes of batch keys a notification carries, else "*": look
+
+
+def _wait(committing: Future[None] | None) -> None:
+    """Wait for the previous round's commit; raise its error if it failed."""
+    if committing is not None:
+        committing.result()
 
 
 class Handoff:
@@ -184,11 +202,7 @@ class Handoff:
                 return
             self.leading = True
             connection.execute(sql.SQL("LISTEN {}").format(sql.Identifier(self.to_leader)))
-            while not self.stopping.is_set():
-                handed = connection.execute(ANY_HANDED).fetchone()
-                if not (handed and handed[0] and self._round()):  # no log lock when idle
-                    for _ in connection.notifies(timeout=POLL, stop_after=1):
-                        pass
+            self._lead(connection)
         except BaseException as error:  # noqa: BLE001 - for the writer waiting in this process
             if not self.stopping.is_set():
                 self.failure = (
@@ -199,34 +213,74 @@ class Handoff:
             if self.standby_connection is not None:
                 self.standby_connection.close()  # releases the lock: another standby leads
 
-    def _round(self) -> bool:
-        """Decide every batch handed over, in one transaction; whether there were any."""
+    def _lead(self, connection: psycopg.Connection[Any]) -> None:
+        """Rounds one after another: while one round commits (a thread waits
+        for it), the next takes its batches and decides them."""
+        committing: Future[None] | None = None
+        with (
+            self.store.connect(transactions=True) as one,
+            self.store.connect(transactions=True) as other,
+            ThreadPoolExecutor(1, thread_name_prefix="alloc-ledger-commit") as committer,
+        ):
+            turns = itertools.cycle([one, other])  # a round on one, the next on the other
+            try:
+                while not self.stopping.is_set():
+                    if committing is None:
+                        handed = connection.execute(ANY_HANDED).fetchone()
+                        if not (handed and handed[0]):  # no log lock when idle
+                            for _ in connection.notifies(timeout=POLL, stop_after=1):
+                                pass
+                            continue
+                    written = self._round(next(turns), committing)
+                    committing = None if written is None else committer.submit(written.close)
+            finally:
+                if committing is not None:
+                    committing.result()
+
+    def _round(
+        self, connection: psycopg.Connection[Any], committing: Future[None] | None
+    ) -> ExitStack | None:
+        """Take every batch handed over, decide and write them in one
+        transaction; return it to be committed, or None if there were none.
+        The previous round may still be committing: these batches are
+        decided after it, and written once it is committed."""
         assert self.decider is not None
+        transaction = ExitStack()
+        cursor = transaction.enter_context(self.store.combining(connection))
         try:
-            with self.store.writing() as cursor:
-                cursor.execute(TAKE)
-                taken = cursor.fetchall()
-                if not taken:
-                    return False
-                batches = [(key, orjson.loads(events)) for key, events in taken]
-                receipts = self.decider.decide(cursor, [e for _, b in batches for e in b])
-                keys, answers, start = [], [], 0
-                for key, batch in batches:
-                    mine = receipts[start : start + len(batch)]
-                    start += len(batch)
-                    keys.append(key)
-                    answers.append(orjson.dumps([(r.status, r.position, r.error) for r in mine]))
-                cursor.execute(GIVE, (keys, answers))
-                self.rounds += 1
-                if self.rounds % PURGE_EVERY == 0:
-                    cursor.execute(PURGE)
-                said = ",".join(keys)
-                cursor.execute("SELECT pg_notify(%s, %s)", (
-                    self.to_writers, said if len(said) <= PAYLOAD else "*"))
-            return True
+            cursor.execute(TAKE)
+            taken = cursor.fetchall()
+            if not taken:
+                _wait(committing)
+                transaction.close()
+                return None
+            batches = [(key, orjson.loads(events)) for key, events in taken]
+            events = [e for _, b in batches for e in b]
+            decided = None if committing is None else self.decider.decide_ahead(cursor, events)
+            _wait(committing)
+            self.store.lock_log(cursor)
+            if decided is None:
+                receipts = self.decider.decide(cursor, events)
+            else:
+                receipts = self.decider.write_ahead(cursor, decided)
+            keys, answers, start = [], [], 0
+            for key, batch in batches:
+                mine = receipts[start : start + len(batch)]
+                start += len(batch)
+                keys.append(key)
+                answers.append(orjson.dumps([(r.status, r.position, r.error) for r in mine]))
+            cursor.execute(GIVE, (keys, answers))
+            self.rounds += 1
+            if self.rounds % PURGE_EVERY == 0:
+                cursor.execute(PURGE)
+            said = ",".join(keys)
+            cursor.execute("SELECT pg_notify(%s, %s)", (
+                self.to_writers, said if len(said) <= PAYLOAD else "*"))
         except BaseException:
-            self.decider.forget()  # what it decided may not have been kept
+            self.decider.forget()  # what it decided may not be kept
+            transaction.__exit__(*sys.exc_info())  # rolls back: the batches go back
             raise
+        return transaction
 
     def close(self) -> None:
         """Stop standing by (a leader finishes its round first); others take over."""

@@ -162,9 +162,14 @@ class PostgresStore:
         except (PersistenceError, psycopg.Error) as error:
             self._fail(describe(error))
 
-    def connect(self) -> psycopg.Connection[Any]:
-        """A connection of its own (autocommit), for listening and handing over."""
-        return self._connect(self.connect_timeout, self.extra)
+    def connect(self, transactions: bool = False) -> psycopg.Connection[Any]:
+        """A connection of its own (autocommit), for listening and handing over,
+        or for ``transactions`` that the server ends if they stall, as the pool's."""
+        connection = self._connect(self.connect_timeout, self.extra)
+        if transactions:
+            connection.execute(
+                f"SET idle_in_transaction_session_timeout = '{IDLE_IN_TRANSACTION}s'")
+        return connection
 
     def unavailable(self, error: BaseException) -> StoreUnavailable:
         return StoreUnavailable(f"store {self.shown}: {describe(error)}")
@@ -263,12 +268,18 @@ class PostgresStore:
     # -- transactions --------------------------------------------------------
 
     @contextmanager
-    def _transaction(self, prepare: Callable[[Any], None], pipelined: bool = False) -> Iterator[Any]:
-        """One transaction on a pooled connection; ``pipelined``: statements whose
-        results are not read are sent without waiting (psycopg pipeline mode),
-        so a write transaction costs a round trip per read, not per statement."""
+    def _transaction(
+        self, prepare: Callable[[Any], None], pipelined: bool = False,
+        connection: psycopg.Connection[Any] | None = None,
+    ) -> Iterator[Any]:
+        """One transaction on a pooled connection (or the one given); ``pipelined``:
+        statements whose results are not read are sent without waiting (psycopg
+        pipeline mode), so a write transaction costs a round trip per read, not
+        per statement."""
         try:
-            with self.datastore.get_connection() as connection, (
+            with (
+                nullcontext(connection) if connection else self.datastore.get_connection()
+            ) as connection, (
                 connection.pipeline() if pipelined else nullcontext()
             ), connection.transaction():
                 cursor = connection.cursor(row_factory=tuple_row)
@@ -297,11 +308,25 @@ class PostgresStore:
         """A read-only transaction with one snapshot."""
         return self._transaction(self._snapshot)
 
+    def combining(self, connection: psycopg.Connection[Any]) -> Any:
+        """A write transaction on a connection of the leader's own
+        (``connect(transactions=True)``) that takes the log's lock only when
+        asked (``lock_log``): a leader takes batches and decides them first."""
+        return self._transaction(self._keys_only, pipelined=True, connection=connection)
+
     def _lock_log(self, cursor: Any) -> None:
-        cursor.execute(KEYS_ONLY)
+        self._keys_only(cursor)
+        self.lock_log(cursor)
+
+    def lock_log(self, cursor: Any) -> None:
+        """The log's EXCLUSIVE lock (and the tracking row's, with inline projections)."""
         self.recorder._lock_table(cursor.connection.cursor())
         if self.projects_inline:
             self._lock_tracking(cursor)
+
+    @staticmethod
+    def _keys_only(cursor: Any) -> None:
+        cursor.execute(KEYS_ONLY)
 
     def _lock_tracking(self, cursor: Any) -> None:
         cursor.execute(
@@ -310,7 +335,7 @@ class PostgresStore:
         )
 
     def _track_by_key(self, cursor: Any) -> None:
-        cursor.execute(KEYS_ONLY)
+        self._keys_only(cursor)
         self._lock_tracking(cursor)
 
     @staticmethod

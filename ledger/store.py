@@ -43,6 +43,13 @@ class Decider(Protocol):
     def decide(self, cursor: Any, batch: list[dict[str, Any]]) -> list[Receipt]: ...
     def forget(self) -> None: ...
 
+    def decide_ahead(self, cursor: Any, batch: list[dict[str, Any]]) -> Any | None:
+        """Decide a batch after one still committing, writing nothing; None
+        when it must wait for that commit and ``decide``."""
+
+    def write_ahead(self, cursor: Any, decided: Any) -> list[Receipt]:
+        """Write what ``decide_ahead`` decided (the caller holds the log's lock)."""
+
 
 def decide_here(store: Store, batch: list[dict[str, Any]], decider: Decider) -> list[Receipt]:
     """``Store.decide`` in this process's own write transaction."""

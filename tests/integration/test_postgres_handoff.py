@@ -8,10 +8,13 @@ from __future__ import annotations
 
 import threading
 import zlib
+from contextlib import ExitStack
+from typing import Any
 
 import pytest
 
 from ledger.application import Ledger
+from ledger.chain import verify
 from ledger.errors import StoreUnavailable
 from ledger.postgres_handoff import HAND
 from ledger.store import open_store
@@ -105,3 +108,65 @@ def test_when_the_leader_stops_a_standby_of_another_writer_leads(pg_url, tables)
         assert (receipt.status, receipt.position) == ("appended", 4)
     finally:
         second.close()
+
+
+# -- rounds that overlap: a round is decided while the one before it commits ------
+
+
+def _register_with_slots(url: str) -> None:
+    with Ledger.open(url) as ledger:
+        assert ledger.submit({"type": "node-registered", "node": "n1", "slots": 2}).ok
+
+
+def _place(alloc: str, slot: int = 0, **more: object) -> dict:
+    return {"type": "alloc-placed", "alloc": alloc, "node": "n1", "slot": slot, **more}
+
+
+def test_a_round_decided_ahead_sees_what_the_round_still_committing_decided(pg_url, tables):
+    pg_url += COMBINE
+    _register_with_slots(pg_url)
+    with Ledger.open(pg_url) as leader:
+        store: Any = leader.store
+        with store.connect(transactions=True) as one, store.connect(transactions=True) as other:
+            first = ExitStack()
+            committing = first.enter_context(store.combining(one))
+            store.lock_log(committing)
+            placed = leader.decide(
+                committing, [{"type": "heartbeat", "node": "n1"}, _place("a1", id="x")])
+            assert [r.status for r in placed] == ["appended", "appended"]
+            with store.combining(other) as cursor:
+                decided = leader.decide_ahead(cursor, [
+                    _place("a2"),  # the slot a1 holds, though a1 is not committed yet
+                    {"type": "heartbeat", "node": "n1", "id": "x"},  # a1's client id
+                ])
+                assert decided is not None
+                first.close()  # the first round commits
+                store.lock_log(cursor)
+                receipts = leader.write_ahead(cursor, decided)
+        assert verify(store).problem is None
+
+    assert receipts[0].status == "rejected" and "slot" in (receipts[0].error or "")
+    assert (receipts[1].status, receipts[1].position) == ("duplicate", 3)
+    assert tables(pg_url).head() == 4  # registration, heartbeat, a1, the rejection of a2
+
+
+def test_a_round_decided_ahead_is_decided_again_when_another_writer_appended(pg_url, tables):
+    _register_with_slots(pg_url)
+    with Ledger.open(pg_url + COMBINE) as leader:
+        store: Any = leader.store
+        with store.connect(transactions=True) as one, store.connect(transactions=True) as other:
+            with store.combining(one) as cursor:
+                store.lock_log(cursor)
+                leader.decide(cursor, [{"type": "heartbeat", "node": "n1"}])
+            with store.combining(other) as cursor:
+                decided = leader.decide_ahead(cursor, [_place("a2")])
+                assert decided is not None and decided.receipts[0].status == "appended"
+                with Ledger.open(pg_url) as rival:  # takes the log's lock in its own transaction
+                    assert rival.submit(_place("a1")).status == "appended"
+                store.lock_log(cursor)
+                receipts = leader.write_ahead(cursor, decided)
+        assert verify(store).problem is None
+
+    assert receipts[0].status == "rejected" and "slot" in (receipts[0].error or "")
+    assert receipts[0].position == 4
+    assert tables(pg_url).head() == 4
