@@ -10,9 +10,10 @@ wait grows with the number of writers. Here writers combine instead:
   lock; the thread that holds it leads. In one transaction it takes the
   log's EXCLUSIVE lock, takes every batch handed over (in order), decides
   them in that order against its own cache, which stays valid as long as it
-  leads, since no one else writes, appends them, writes each batch's
-  receipts into ``outcomes`` (UNLOGGED), commits (one flush for all of them)
-  and NOTIFYs the writers.
+  leads, since no one else writes, appends them, and commits (one flush for
+  all of them). Each writer's receipts go to its own NOTIFY channel, which
+  delivers them when the round commits: in the notification when they fit,
+  else in ``outcomes`` (UNLOGGED), where the notification tells it to look.
 * Rounds overlap: while one round's writes and commit run on the server, the
   leader takes the next round's batches on a second connection and decides
   them against its cache (which already holds everything the committing
@@ -77,20 +78,23 @@ HAND = (
 TAKE = (
     "WITH taken AS (DELETE FROM handoff WHERE id IN "
     "(SELECT id FROM handoff FOR UPDATE SKIP LOCKED) RETURNING id, batch, events, pid, started) "
-    "SELECT t.batch, t.events FROM taken t JOIN pg_stat_get_activity(NULL) a ON a.pid = t.pid "
+    "SELECT t.batch, t.events, t.pid FROM taken t JOIN pg_stat_get_activity(NULL) a ON a.pid = t.pid "
     "WHERE a.backend_start IS NULL OR t.started IS NULL OR a.backend_start = t.started "
     "ORDER BY t.id"
 )
 ANY_HANDED = "SELECT EXISTS (SELECT 1 FROM handoff)"
+# Receipts go to each writer's own channel, in the notification itself when
+# they fit (a notification carries at most 8000 bytes), else in ``outcomes``.
 GIVE = (
     "INSERT INTO outcomes (batch, receipts) "
     "SELECT * FROM unnest(%s::text[], %s::bytea[])"
 )
+TELL = "SELECT pg_notify(c, p) FROM unnest(%s::text[], %s::text[]) t(c, p)"
 # Receipts of writers that died before reading them.
 PURGE = "DELETE FROM outcomes WHERE decided_at < now() - interval '1 hour'"
 PURGE_EVERY = 1000  # rounds
 POLL = 0.05  # seconds a writer or an idle leader waits for a notification before looking
-PAYLOAD = 7000  # bytes of batch keys a notification carries, else "*": look
+PAYLOAD = 7900  # bytes of receipts a notification carries, else they are in ``outcomes``
 
 
 def _wait(committing: Future[None] | None) -> None:
@@ -108,7 +112,7 @@ class Handoff:
         schema = store.schema
         self.lock_key = zlib.crc32(f"alloc-ledger:leader:{schema}".encode())
         self.to_leader = f"alloc_ledger_{schema}_handoff"[:63]
-        self.to_writers = f"alloc_ledger_{schema}_outcomes"[:63]
+        self.to_writer = f"alloc_ledger_{zlib.crc32(schema.encode()):08x}_"  # + writer's pid
         self.connection: psycopg.Connection[Any] | None = None
         self.decider: Decider | None = None
         self.standby: threading.Thread | None = None
@@ -138,7 +142,10 @@ class Handoff:
         taken = False
         while True:
             heard = [n.payload for n in connection.notifies(timeout=POLL, stop_after=1)]
-            if not heard or any(p == "*" or key in p for p in heard):
+            mine = [p[len(key) :] for p in heard if p.startswith(key)]
+            if mine and mine[0]:
+                return [Receipt(*fields) for fields in orjson.loads(mine[0])]
+            if mine or not heard:  # in ``outcomes``; or heard nothing: look there anyway
                 row = connection.execute(
                     "DELETE FROM outcomes WHERE batch = %s RETURNING receipts", (key,)
                 ).fetchone()
@@ -171,7 +178,8 @@ class Handoff:
     def _writer_connection(self) -> psycopg.Connection[Any]:
         if self.connection is None or self.connection.closed:
             self.connection = self.store.connect()
-            self.connection.execute(sql.SQL("LISTEN {}").format(sql.Identifier(self.to_writers)))
+            channel = f"{self.to_writer}{self.connection.info.backend_pid}"
+            self.connection.execute(sql.SQL("LISTEN {}").format(sql.Identifier(channel)))
         return self.connection
 
     def _drop_writer_connection(self) -> None:
@@ -254,8 +262,8 @@ class Handoff:
                 _wait(committing)
                 transaction.close()
                 return None
-            batches = [(key, orjson.loads(events)) for key, events in taken]
-            events = [e for _, b in batches for e in b]
+            batches = [(key, orjson.loads(events), pid) for key, events, pid in taken]
+            events = [e for _, b, _ in batches for e in b]
             decided = None if committing is None else self.decider.decide_ahead(cursor, events)
             _wait(committing)
             self.store.lock_log(cursor)
@@ -263,24 +271,36 @@ class Handoff:
                 receipts = self.decider.decide(cursor, events)
             else:
                 receipts = self.decider.write_ahead(cursor, decided)
-            keys, answers, start = [], [], 0
-            for key, batch in batches:
-                mine = receipts[start : start + len(batch)]
-                start += len(batch)
-                keys.append(key)
-                answers.append(orjson.dumps([(r.status, r.position, r.error) for r in mine]))
-            cursor.execute(GIVE, (keys, answers))
-            self.rounds += 1
-            if self.rounds % PURGE_EVERY == 0:
-                cursor.execute(PURGE)
-            said = ",".join(keys)
-            cursor.execute("SELECT pg_notify(%s, %s)", (
-                self.to_writers, said if len(said) <= PAYLOAD else "*"))
+            self._give(cursor, batches, receipts)
         except BaseException:
             self.decider.forget()  # what it decided may not be kept
             transaction.__exit__(*sys.exc_info())  # rolls back: the batches go back
             raise
         return transaction
+
+    def _give(
+        self, cursor: Any, batches: list[tuple[str, list[Event], int]], receipts: list[Receipt]
+    ) -> None:
+        """Tell each writer its receipts (delivered when the round commits)."""
+        channels, payloads, kept_keys, kept = [], [], [], []
+        start = 0
+        for key, batch, pid in batches:
+            answer = orjson.dumps(
+                [(r.status, r.position, r.error) for r in receipts[start : start + len(batch)]])
+            start += len(batch)
+            channels.append(f"{self.to_writer}{pid}")
+            if len(answer) + len(key) <= PAYLOAD:
+                payloads.append(key + answer.decode())
+            else:
+                payloads.append(key)  # look in ``outcomes``
+                kept_keys.append(key)
+                kept.append(answer)
+        if kept:
+            cursor.execute(GIVE, (kept_keys, kept))
+        cursor.execute(TELL, (channels, payloads))
+        self.rounds += 1
+        if self.rounds % PURGE_EVERY == 0:
+            cursor.execute(PURGE)
 
     def close(self) -> None:
         """Stop standing by (a leader finishes its round first); others take over."""

@@ -60,6 +60,18 @@ def test_one_leader_decides_the_batches_of_several_writers(pg_url, tables):
     assert tables(pg_url).value("SELECT count(*) FROM outcomes") == 0
 
 
+def test_receipts_too_many_for_a_notification_come_through_the_outcomes_table(pg_url, tables):
+    pg_url += COMBINE
+    _register(pg_url, "n1")
+    batch = [{"type": "heartbeat", "node": "n1", "id": f"b{i}"} for i in range(600)]
+    with Ledger.open(pg_url) as ledger:
+        receipts = ledger.submit_batch(batch)  # ~13 kB of receipts: over 8000 bytes
+
+    assert [(r.status, r.position) for r in receipts] == [
+        ("appended", p) for p in range(2, 602)]
+    assert tables(pg_url).value("SELECT count(*) FROM outcomes") == 0  # read and removed
+
+
 def test_a_batch_whose_writer_has_gone_is_dropped_not_decided(pg_url, pg_schema, tables):
     pg_url += COMBINE
     _register(pg_url, "n1")
