@@ -210,9 +210,8 @@ class Ledger:
     def _write(self, cursor: Any, decided: Decided) -> None:
         if decided.kept:
             assert decided.changes is not None
-            self.store.append(cursor, decided.kept, decided.hashes)
-            self.store.remember_ids(cursor, decided.new_ids)
-            self.store.write_changes(cursor, self.sql, decided.changes, decisions_only=True)
+            self.store.write_kept(
+                cursor, self.sql, decided.kept, decided.hashes, decided.new_ids, decided.changes)
             self._project_inline(cursor, decided.head)
 
     def _record(self, event: Event, position: int, recorded_at: str) -> Record | Receipt:

@@ -35,12 +35,12 @@ from psycopg import sql
 from psycopg.rows import tuple_row
 
 from ledger import postgres_writes
+from ledger.domain import Changes
 from ledger.errors import LedgerError, StoreUnavailable
 from ledger.postgres_handoff import TABLES as HANDOFF_TABLES
 from ledger.postgres_handoff import Handoff
 from ledger.postgres_preload import KNOWN_IDS, Preload, known_ids, named_by, not_cached
 from ledger.postgres_writes import (
-    INSERT_HASHES,
     INSERT_IDS,
     BatchStatements,
     LogRecorder,
@@ -367,8 +367,16 @@ class PostgresStore:
         return int(last or 0)
 
     def append(self, cursor: Any, events: list[StoredEvent], hashes: list[tuple[int, str]]) -> None:
-        self.recorder.insert_locked(cursor, events)
-        cursor.execute(INSERT_HASHES, as_json(hashes))
+        self.write_kept(cursor, self._statements(self.state_prefix), events, hashes, [], Changes())
+
+    def write_kept(
+        self, cursor: Any, sql: Any, events: list[StoredEvent], hashes: list[tuple[int, str]],
+        ids: list[tuple[str, int]], changes: Changes,
+    ) -> None:
+        """``append``, ``remember_ids`` and ``write_changes(decisions_only=True)``
+        in one statement (``postgres_writes.write_kept``)."""
+        postgres_writes.write_kept(
+            cursor, self._statements(sql.prefix), self.recorder, events, hashes, ids, changes)
         self._local.last = None
 
     def hash_at(self, cursor: Any, position: int) -> str | None:
@@ -401,10 +409,14 @@ class PostgresStore:
     def write_changes(
         self, cursor: Any, sql: Any, changes: Any, decisions_only: bool = False
     ) -> None:
-        statements = self._batch_statements.get(sql.prefix)
+        postgres_writes.write_changes(
+            cursor, self._statements(sql.prefix), sql.prefix, changes, decisions_only)
+
+    def _statements(self, prefix: str) -> BatchStatements:
+        statements = self._batch_statements.get(prefix)
         if statements is None:
-            statements = self._batch_statements[sql.prefix] = BatchStatements(sql.prefix)
-        postgres_writes.write_changes(cursor, statements, sql.prefix, changes, decisions_only)
+            statements = self._batch_statements[prefix] = BatchStatements(prefix)
+        return statements
 
     def read_log(self, after: int, upto: int | None = None) -> Iterator[StoredEvent]:
         """Pages of the log; inside a transaction of this store, through that

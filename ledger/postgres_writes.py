@@ -100,16 +100,66 @@ class BatchStatements:
             f"{t}alloc_states", "alloc, position, value, at", types["alloc_states"])
         self.insert_rejection = inserted(
             f"{t}rejections", "position, type, entity, reason, event, at", types["rejections"])
+        self.prefix = prefix
+        self._together: dict[tuple[Any, ...], str] = {}
+
+
+    def together(self, names: Sequence[str], first: Sequence[str] = (), then: str = "1") -> str:
+        """One statement that runs ``first`` (SQL) and the named statements
+        of this class as data-modifying CTEs, each taking its parameters in
+        that order, then ``SELECT then``. One statement per batch, not one
+        per table: each costs the writer and the server a parse, a plan (once
+        prepared) and an executor start, and psycopg a round of its pipeline."""
+        key = (tuple(names), tuple(first), then)
+        found = self._together.get(key)
+        if found is None:
+            parts = [*first, *(getattr(self, name) for name in names)]
+            ctes = ", ".join(f"w{number} AS ({part})" for number, part in enumerate(parts))
+            found = self._together[key] = f"WITH {ctes} SELECT {then}"
+        return found
 
 
 def write_changes(
     cursor: Any, statements: BatchStatements, prefix: str, changes: Changes,
     decisions_only: bool = False,
 ) -> None:
-    """``projections.rows.write_changes``, one statement per table."""
-    for name, rows in changed_rows(changes, keep_logs=not (decisions_only and prefix)):
-        if rows:
-            cursor.execute(getattr(statements, name), as_json(rows))
+    """``projections.rows.write_changes`` in one statement (``together``)."""
+    changed = changed_rows(changes, keep_logs=not (decisions_only and prefix))
+    if any(rows for _, rows in changed):
+        cursor.execute(
+            statements.together([name for name, _ in changed]),
+            [orjson.dumps(rows).decode() for _, rows in changed],
+        )
+
+
+def write_kept(
+    cursor: Any, statements: BatchStatements, recorder: LogRecorder,
+    events: Sequence[StoredEvent], hashes: Rows, ids: Rows, changes: Changes,
+) -> None:
+    """Append stored events (one stream's) with their chain hashes and client
+    ids, write the decision rows they changed, and notify the log's followers,
+    in one statement (``together``); the caller holds the log's lock."""
+    changed = changed_rows(changes, keep_logs=not statements.prefix)
+    first = [recorder.insert_rows_sql, INSERT_HASHES, INSERT_IDS]
+    cursor.execute(
+        statements.together([name for name, _ in changed], first, "pg_notify(%s, '')"),
+        [
+            one_stream(events),
+            orjson.dumps([(e.originator_version, e.topic, e.state.decode()) for e in events]).decode(),
+            orjson.dumps(hashes).decode(),
+            orjson.dumps(ids).decode(),
+            *(orjson.dumps(rows).decode() for _, rows in changed),
+            recorder.channel_name,
+        ],
+    )
+
+
+def one_stream(events: Sequence[StoredEvent]) -> Any:
+    """The one stream every event of the ledger belongs to (``originator_id``)."""
+    streams = {e.originator_id for e in events}
+    if len(streams) != 1:
+        raise ValueError(f"stored events of {len(streams)} streams in one insert")
+    return streams.pop()
 
 
 class LogRecorder(PostgresProcessRecorder):
@@ -130,16 +180,7 @@ class LogRecorder(PostgresProcessRecorder):
             id_type=sql.SQL(self.datastore.originator_id_type),
         ) + sql.SQL(rows_of(["bigint", "text", "text"]) + " r(version, topic, state)")
 
-    def insert_locked(self, curs: Any, stored_events: Sequence[StoredEvent]) -> None:
-        """Insert in the caller's transaction, which holds the lock; notify followers.
-        Every event of the ledger is of its one stream (``originator_id``)."""
-        self._notify_channel(curs)
-        stream = {e.originator_id for e in stored_events}
-        if len(stream) != 1:
-            raise ValueError(f"stored events of {len(stream)} streams in one insert")
-        curs.execute(self.insert_rows_statement, (stream.pop(), orjson.dumps(
-            [(e.originator_version, e.topic, e.state.decode()) for e in stored_events]
-        ).decode()))
+        self.insert_rows_sql = self.insert_rows_statement.as_string(None)
 
 
 INSERT_HASHES = f"INSERT INTO event_hashes (position, hash) SELECT * FROM {rows_of(['bigint', 'text'])} r"

@@ -175,6 +175,14 @@ class SQLiteStore:
     ) -> None:
         rows.write_changes(cursor, sql, changes, decisions_only)
 
+    def write_kept(
+        self, cursor: Any, sql: Any, events: list[StoredEvent], hashes: list[tuple[int, str]],
+        ids: list[tuple[str, int]], changes: Any,
+    ) -> None:
+        self.append(cursor, events, hashes)
+        self.remember_ids(cursor, ids)
+        self.write_changes(cursor, sql, changes, decisions_only=True)
+
     def read_log(self, after: int, upto: int | None = None) -> Iterator[LoggedEvent]:
         """Kept events in order, a page per read transaction.
 

@@ -93,6 +93,13 @@ class Store(Protocol):
     def append(self, cursor: Any, events: list[StoredEvent], hashes: list[tuple[int, str]]) -> None:
         """Insert stored events through the library's recorder, with their chain hashes."""
 
+    def write_kept(
+        self, cursor: Any, sql: Any, events: list[StoredEvent], hashes: list[tuple[int, str]],
+        ids: list[tuple[str, int]], changes: Any,
+    ) -> None:
+        """A decided batch's writes: ``append``, ``remember_ids`` and
+        ``write_changes(decisions_only=True)``, as this database does them fastest."""
+
     def hash_at(self, cursor: Any, position: int) -> str | None:
         """The chain hash kept for a position."""
 
