@@ -30,10 +30,10 @@ Example:
 from __future__ import annotations
 
 import argparse
-import io
 import json
 import os
 import re
+import selectors
 import statistics
 import subprocess
 import sys
@@ -150,53 +150,83 @@ class Stream:
         """Send the first line and wait for its answer: the process has started,
         imported and connected (not measured)."""
         assert self.process.stdin is not None and self.process.stdout is not None
-        self.stdout = io.BufferedReader(self.process.stdout)  # the pipe itself is unbuffered
         self.process.stdin.write(self.lines[0])
-        answer = self.stdout.readline()
-        if not answer:
-            raise SystemExit(f"a submit stream failed: {self.process.stderr.read().decode()}")  # type: ignore[union-attr]
-        self.lines[0] = b""
-
-    def produce(self, start: threading.Event, began: list[float]) -> None:
-        start.wait()
-        stdin = self.process.stdin
-        assert stdin is not None
+        answer = b""
+        while not answer.endswith(b"\n"):  # nothing else comes until the clock starts
+            chunk = os.read(self.process.stdout.fileno(), 1 << 16)
+            if not chunk:
+                raise SystemExit(f"a submit stream failed: {self.process.stderr.read().decode()}")  # type: ignore[union-attr]
+            answer += chunk
         self.lines = self.lines[1:]
         self.sent = self.sent[1:]
-        if self.rate:
-            self._paced(stdin, began[0])
-        else:
-            for index, line in enumerate(self.lines):
-                self.window.acquire()
-                self.sent[index] = time.perf_counter()
-                stdin.write(line)
+        self.next = 0  # the next line to send
+        self.partial = b""  # an answer not read to its end yet
+
+    def produce(self) -> None:
+        """Closed loop: a line whenever fewer than ``window`` wait for answers."""
+        stdin = self.process.stdin
+        assert stdin is not None
+        for index, line in enumerate(self.lines):
+            self.window.acquire()
+            self.sent[index] = time.perf_counter()
+            stdin.write(line)
         stdin.close()
 
-    def _paced(self, stdin: Any, began: float) -> None:
-        interval = 1.0 / self.rate
-        index = 0
-        while index < len(self.lines):
-            now = time.perf_counter()
-            due = min(len(self.lines), int((now - began) / interval) + 1)
-            if due > index:
-                chunk = b"".join(self.lines[index:due])
-                for number in range(index, due):
-                    self.sent[number] = now
-                stdin.write(chunk)
-                index = due
-            time.sleep(min(interval, 0.002))
+    def send_due(self, began: float, now: float) -> None:
+        """Paced: write every line due by now, in one write."""
+        due = min(len(self.lines), int((now - began) * self.rate) + 1)
+        if due > self.next:
+            for number in range(self.next, due):
+                self.sent[number] = now
+            assert self.process.stdin is not None
+            self.process.stdin.write(b"".join(self.lines[self.next:due]))
+            self.next = due
+            if due == len(self.lines):
+                self.process.stdin.close()
 
-    def consume(self) -> None:
-        for raw in self.stdout:
-            now = time.perf_counter()
+    def read_answers(self, chunk: bytes, now: float) -> None:
+        """Answers as they arrive (``now``: when this chunk of them did)."""
+        answers = (self.partial + chunk).split(b"\n")
+        self.partial = answers.pop()
+        for raw in answers:
             line, status = result_of(raw)
             self.latencies.append(now - self.sent[line - 2])
             self.statuses[status] = self.statuses.get(status, 0) + 1
             self.window.release()
             self.done = now  # the last answer (not the process's exit, which follows)
-            if len(self.latencies) == len(self.lines):
-                self.answered.set()
-        self.answered.set()
+        if len(self.latencies) == len(self.lines):
+            self.answered.set()
+
+
+def pace(streams: list[Stream], start: threading.Event, began: list[float]) -> None:
+    """One thread writes every paced stream's due lines, every 2 ms (this
+    process shares the CPUs with what it measures: few wake-ups)."""
+    start.wait()
+    while any(s.next < len(s.lines) for s in streams):
+        now = time.perf_counter()
+        for stream in streams:
+            if stream.next < len(stream.lines):
+                stream.send_due(began[0], now)
+        time.sleep(0.002)
+
+
+def read(streams: list[Stream]) -> None:
+    """One thread reads every stream's answers as they come."""
+    with selectors.DefaultSelector() as selector:
+        for stream in streams:
+            assert stream.process.stdout is not None
+            selector.register(stream.process.stdout.fileno(), selectors.EVENT_READ, stream)
+        open_ = len(streams)
+        while open_:
+            for key, _ in selector.select():
+                stream = key.data
+                chunk = os.read(key.fd, 1 << 16)
+                if chunk:
+                    stream.read_answers(chunk, time.perf_counter())
+                else:
+                    selector.unregister(key.fd)
+                    stream.answered.set()
+                    open_ -= 1
 
 
 RESULT = re.compile(rb'^\{"line": (\d+), "status": "(\w+)"')
@@ -216,15 +246,17 @@ def run_streams(url: str, paths: list[Path], window: int, rate: float, batch: in
     streams = [Stream(url, path, window, rate / len(paths), batch) for path in paths]
     start = threading.Event()
     began = [0.0]
-    threads = []
-    for stream in streams:
-        threads.append(threading.Thread(target=stream.produce, args=(start, began)))
-        threads.append(threading.Thread(target=stream.consume))
     warming = [threading.Thread(target=stream.warm_up) for stream in streams]
     for thread in warming:
         thread.start()
     for thread in warming:
         thread.join()
+    threads = [threading.Thread(target=read, args=(streams,))]
+    if rate:
+        threads.append(threading.Thread(target=pace, args=(streams, start, began)))
+    else:
+        for stream in streams:
+            threads.append(threading.Thread(target=lambda s=stream: (start.wait(), s.produce())))
     for thread in threads:
         thread.start()
     time.sleep(0.5)
