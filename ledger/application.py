@@ -8,8 +8,8 @@ so a reported append is durable and nothing is ever half-written.
 from __future__ import annotations
 
 import threading
-from dataclasses import dataclass
 from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, Self
 

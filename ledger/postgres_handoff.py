@@ -38,10 +38,10 @@ import itertools
 import sys
 import threading
 import time
-from concurrent.futures import Future, ThreadPoolExecutor
-from contextlib import ExitStack
 import uuid
 import zlib
+from concurrent.futures import Future, ThreadPoolExecutor
+from contextlib import ExitStack
 from typing import TYPE_CHECKING, Any
 
 import orjson

@@ -270,7 +270,7 @@ class PostgresStore:
     @contextmanager
     def _transaction(
         self, prepare: Callable[[Any], None], pipelined: bool = False,
-        connection: psycopg.Connection[Any] | None = None,
+        given: psycopg.Connection[Any] | None = None,
     ) -> Iterator[Any]:
         """One transaction on a pooled connection (or the one given); ``pipelined``:
         statements whose results are not read are sent without waiting (psycopg
@@ -278,7 +278,7 @@ class PostgresStore:
         per statement."""
         try:
             with (
-                nullcontext(connection) if connection else self.datastore.get_connection()
+                nullcontext(given) if given else self.datastore.get_connection()
             ) as connection, (
                 connection.pipeline() if pipelined else nullcontext()
             ), connection.transaction():
@@ -312,7 +312,7 @@ class PostgresStore:
         """A write transaction on a connection of the leader's own
         (``connect(transactions=True)``) that takes the log's lock only when
         asked (``lock_log``): a leader takes batches and decides them first."""
-        return self._transaction(self._keys_only, pipelined=True, connection=connection)
+        return self._transaction(self._keys_only, pipelined=True, given=connection)
 
     def _lock_log(self, cursor: Any) -> None:
         self._keys_only(cursor)
