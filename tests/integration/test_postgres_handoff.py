@@ -182,3 +182,32 @@ def test_a_round_decided_ahead_is_decided_again_when_another_writer_appended(pg_
     assert receipts[0].status == "rejected" and "slot" in (receipts[0].error or "")
     assert receipts[0].position == 4
     assert tables(pg_url).head() == 4
+
+
+def test_a_round_whose_commit_fails_goes_back_and_another_leader_decides_it(pg_url, tables):
+    pg_url += COMBINE
+    _register(pg_url, "n1")
+    leader = Ledger.open(pg_url)
+    assert leader.submit({"type": "heartbeat", "node": "n1"}).position == 2  # it leads now
+    handoff: Any = leader.store.handoff  # type: ignore[attr-defined]
+    decide_round = handoff._round
+
+    def round_that_cannot_commit(connection: Any, committing: Any) -> Any:
+        written = decide_round(connection, committing)
+        if written is not None:
+            connection.close()  # before its commit: the server rolls the round back
+        return written
+
+    handoff._round = round_that_cannot_commit
+    try:
+        with Ledger.open(pg_url) as writer:  # its standby leads once the first has failed
+            receipt = writer.submit({"type": "heartbeat", "node": "n1", "id": "again"})
+        assert handoff.failure is not None
+    finally:
+        leader.close()
+
+    assert (receipt.status, receipt.position) == ("appended", 3)  # decided again, once
+    assert tables(pg_url).head() == 3
+    assert tables(pg_url).value("SELECT position FROM event_ids WHERE id = 'again'") == 3
+    with Ledger.open(pg_url) as ledger:
+        assert verify(ledger.store).ok
