@@ -69,7 +69,13 @@ IDLE_IN_TRANSACTION = 60
 # for an IN list of a few hundred keys (every batch, under the log's lock).
 # A scan that must read a whole table (the handoff) then costs 1e10 in the
 # plan, which would make the server JIT-compile it (~170 ms): no JIT.
-KEYS_ONLY = "SELECT set_config('enable_seqscan', 'off', true), set_config('jit', 'off', true)"
+# A batch's rows (a function scan the planner guesses at 100 rows) join a
+# table by key: by looking each key up, not by hashing or merging the whole
+# table, which the planner picks once the table is a few hundred rows.
+KEYS_ONLY = (
+    "SELECT set_config('enable_seqscan', 'off', true), set_config('jit', 'off', true), "
+    "set_config('enable_hashjoin', 'off', true), set_config('enable_mergejoin', 'off', true)"
+)
 
 APPEND_ONLY = [
     """CREATE TABLE IF NOT EXISTS event_ids (id TEXT PRIMARY KEY, position BIGINT NOT NULL)""",
