@@ -94,6 +94,7 @@ TELL = "SELECT pg_notify(c, p) FROM unnest(%s::text[], %s::text[]) t(c, p)"
 PURGE = "DELETE FROM outcomes WHERE decided_at < now() - interval '1 hour'"
 PURGE_EVERY = 1000  # rounds
 POLL = 0.05  # seconds a writer or an idle leader waits for a notification before looking
+RENEW = 0.5  # seconds between a leader's renewals of its lease
 PAYLOAD = 7900  # bytes of receipts a notification carries, else they are in ``outcomes``
 
 
@@ -117,6 +118,8 @@ class Handoff:
         self.decider: Decider | None = None
         self.standby: threading.Thread | None = None
         self.standby_connection: psycopg.Connection[Any] | None = None
+        self.lease_connection: psycopg.Connection[Any] | None = None
+        self.lease = max(timeout / 3, 1.0)  # seconds a leader may stall before it loses the lead
         self.stopping = threading.Event()
         self.failure: BaseException | None = None
         self.leading = False
@@ -200,17 +203,20 @@ class Handoff:
     def _lead_when_free(self) -> None:
         try:
             connection = self.standby_connection = self.store.connect()
+            lease = self.lease_connection = self.store.connect(idle=self.lease)
             while not self.stopping.is_set():  # stand by: try for the lead now and then
-                row = connection.execute(
-                    "SELECT pg_try_advisory_lock(%s)", (self.lock_key,)).fetchone()
+                lease.execute("BEGIN")
+                row = lease.execute(
+                    "SELECT pg_try_advisory_xact_lock(%s)", (self.lock_key,)).fetchone()
                 if row is not None and row[0]:
                     break
+                lease.execute("ROLLBACK")
                 self.stopping.wait(POLL)
             else:
                 return
             self.leading = True
             connection.execute(sql.SQL("LISTEN {}").format(sql.Identifier(self.to_leader)))
-            self._lead(connection)
+            self._lead(connection, lease)
         except BaseException as error:  # noqa: BLE001 - for the writer waiting in this process
             if not self.stopping.is_set():
                 self.failure = (
@@ -218,21 +224,30 @@ class Handoff:
                 )
         finally:
             self.leading = False
-            if self.standby_connection is not None:
-                self.standby_connection.close()  # releases the lock: another standby leads
+            for held in (self.lease_connection, self.standby_connection):
+                if held is not None:
+                    held.close()  # the lease's end releases the lock: another standby leads
 
-    def _lead(self, connection: psycopg.Connection[Any]) -> None:
+    def _lead(self, connection: psycopg.Connection[Any], lease: psycopg.Connection[Any]) -> None:
         """Rounds one after another: while one round commits (a thread waits
-        for it), the next takes its batches and decides them."""
+        for it), the next takes its batches and decides them. The lead is
+        held in a transaction on ``lease`` that the server ends when it idles
+        longer than ``self.lease``: a leader that stops (SIGSTOP, a machine
+        cut off) loses the lead, and its rounds, and another standby leads.
+        A leader renews it between rounds."""
         committing: Future[None] | None = None
+        renewed = time.monotonic()
         with (
-            self.store.connect(transactions=True) as one,
-            self.store.connect(transactions=True) as other,
+            self.store.connect(idle=self.lease) as one,
+            self.store.connect(idle=self.lease) as other,
             ThreadPoolExecutor(1, thread_name_prefix="alloc-ledger-commit") as committer,
         ):
             turns = itertools.cycle([one, other])  # a round on one, the next on the other
             try:
                 while not self.stopping.is_set():
+                    if time.monotonic() - renewed > RENEW:
+                        lease.execute("SELECT 1")  # fails if the lead was lost
+                        renewed = time.monotonic()
                     if committing is None:
                         handed = connection.execute(ANY_HANDED).fetchone()
                         if not (handed and handed[0]):  # no log lock when idle

@@ -168,13 +168,13 @@ class PostgresStore:
         except (PersistenceError, psycopg.Error) as error:
             self._fail(describe(error))
 
-    def connect(self, transactions: bool = False) -> psycopg.Connection[Any]:
+    def connect(self, idle: float | None = None) -> psycopg.Connection[Any]:
         """A connection of its own (autocommit), for listening and handing over,
-        or for ``transactions`` that the server ends if they stall, as the pool's."""
+        or for transactions that the server ends when they stay ``idle`` (seconds)."""
         connection = self._connect(self.connect_timeout, self.extra)
-        if transactions:
+        if idle is not None:
             connection.execute(
-                f"SET idle_in_transaction_session_timeout = '{IDLE_IN_TRANSACTION}s'")
+                f"SET idle_in_transaction_session_timeout = '{round(idle * 1000)}ms'")
         return connection
 
     def unavailable(self, error: BaseException) -> StoreUnavailable:
@@ -316,7 +316,7 @@ class PostgresStore:
 
     def combining(self, connection: psycopg.Connection[Any]) -> Any:
         """A write transaction on a connection of the leader's own
-        (``connect(transactions=True)``) that takes the log's lock only when
+        (``connect(idle=...)``) that takes the log's lock only when
         asked (``lock_log``): a leader takes batches and decides them first."""
         return self._transaction(self._keys_only, pipelined=True, given=connection)
 

@@ -6,8 +6,14 @@ the lead to a standby of another writer."""
 
 from __future__ import annotations
 
+import os
+import signal
+import subprocess
+import sys
 import threading
+import time
 import zlib
+from pathlib import Path
 from contextlib import ExitStack
 from typing import Any
 
@@ -20,6 +26,7 @@ from ledger.postgres_handoff import HAND
 from ledger.store import open_store
 
 COMBINE = "&writers=combine"
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _leader_key(schema: str) -> int:
@@ -139,7 +146,7 @@ def test_a_round_decided_ahead_sees_what_the_round_still_committing_decided(pg_u
     _register_with_slots(pg_url)
     with Ledger.open(pg_url) as leader:
         store: Any = leader.store
-        with store.connect(transactions=True) as one, store.connect(transactions=True) as other:
+        with store.connect(idle=60) as one, store.connect(idle=60) as other:
             first = ExitStack()
             committing = first.enter_context(store.combining(one))
             store.lock_log(committing)
@@ -166,7 +173,7 @@ def test_a_round_decided_ahead_is_decided_again_when_another_writer_appended(pg_
     _register_with_slots(pg_url)
     with Ledger.open(pg_url + COMBINE) as leader:
         store: Any = leader.store
-        with store.connect(transactions=True) as one, store.connect(transactions=True) as other:
+        with store.connect(idle=60) as one, store.connect(idle=60) as other:
             with store.combining(one) as cursor:
                 store.lock_log(cursor)
                 leader.decide(cursor, [{"type": "heartbeat", "node": "n1"}])
@@ -211,3 +218,31 @@ def test_a_round_whose_commit_fails_goes_back_and_another_leader_decides_it(pg_u
     assert tables(pg_url).value("SELECT position FROM event_ids WHERE id = 'again'") == 3
     with Ledger.open(pg_url) as ledger:
         assert verify(ledger.store).ok
+
+
+def test_a_stopped_leader_loses_the_lead_and_a_standby_decides(pg_url, tables):
+    pg_url += COMBINE + "&timeout=6"  # a leader that stalls 2 s loses the lead
+    _register(pg_url, "n1")
+    leader = subprocess.Popen(
+        [sys.executable, "-m", "commands", "--store", pg_url, "submit", "-"],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
+    assert leader.stdin is not None and leader.stdout is not None
+    try:
+        leader.stdin.write(b'{"type": "heartbeat", "node": "n1"}\n')
+        leader.stdin.flush()
+        assert b'"appended"' in leader.stdout.readline()  # it leads now
+        os.kill(leader.pid, signal.SIGSTOP)  # and stops, holding the lead
+        started = time.monotonic()
+
+        with Ledger.open(pg_url) as writer:
+            receipt = writer.submit({"type": "heartbeat", "node": "n1"})
+
+        assert (receipt.status, receipt.position) == ("appended", 3)
+        assert time.monotonic() - started < 6  # within the writer's timeout
+    finally:
+        os.kill(leader.pid, signal.SIGCONT)
+        leader.stdin.close()
+        leader.wait(timeout=30)
+    assert tables(pg_url).head() == 3
