@@ -198,7 +198,7 @@ class Cluster:
     # -- checks (run before any change) --------------------------------------
 
     def check_node_exists(self, name: str) -> Node:
-        node = self.node(name)
+        node = self.nodes[name]
         if node is None:
             raise errors.NodeNotRegistered(name)
         if node.status == "removed":
@@ -206,7 +206,7 @@ class Cluster:
         return node
 
     def check_alloc_exists(self, alloc_id: str) -> Allocation:
-        alloc = self.alloc(alloc_id)
+        alloc = self.allocs[alloc_id]
         if alloc is None:
             raise errors.AllocationNotPlaced(alloc_id)
         if alloc.removed:
