@@ -9,6 +9,7 @@ touched, and for a rejection the reason.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -20,6 +21,7 @@ from ledger.model import Fact
 from ledger.store import LEDGER_STREAM, Kept
 
 REJECTED = "rejected"
+_blank_fact = object.__new__
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,18 +76,39 @@ def replay(cluster: Cluster, record: Record) -> None:
         cluster.apply(record.event, record.fact)
 
 
-def replay_stored(cluster: Cluster, stored: Kept, until: str | None = None) -> str | None:
-    """``replay(cluster, decode(stored))`` without building a Record (replays
-    run this for every event of history); return the event's ``at``, or
-    None, applying nothing, when that is later than ``until``."""
-    state = orjson.loads(stored.state)
-    event = state["event"]
-    at: str = event["at"]
-    if until is not None and at > until:
-        return None
-    fact = Fact(stored.originator_version, at)
-    if stored.topic == REJECTED:
-        cluster.reject(event, state.get("reason") or "", fact)
-    else:
-        cluster.apply(event, fact)
-    return at
+@dataclass(slots=True)
+class Progress:
+    """How far a replay has come through the log."""
+
+    position: int  # the last event applied
+    max_at: str = ""  # the latest ``at`` applied
+    stopped: bool = False  # it reached an event later than ``until``
+
+
+def replay_log(
+    cluster: Cluster, log: Iterable[Kept], progress: Progress, until: str | None = None
+) -> None:
+    """``replay(cluster, decode(stored))`` for each kept event of ``log``, in
+    one loop without building Records (replays run it for every event of
+    history; a call per event was a twentieth of a rebuild), advancing
+    ``progress``; stop, applying nothing more, at the first event whose
+    ``at`` is later than ``until``."""
+    position, max_at = progress.position, progress.max_at
+    for stored in log:
+        state = orjson.loads(stored.state)
+        event = state["event"]
+        at: str = event["at"]
+        if until is not None and at > until:
+            progress.stopped = True
+            break
+        position = stored.originator_version
+        fact = _blank_fact(Fact)  # filled here: Fact's __init__ costs a frame per event
+        fact.position = position
+        fact.at = at
+        if stored.topic == REJECTED:
+            cluster.reject(event, state.get("reason") or "", fact)
+        else:
+            cluster.apply(event, fact)
+        if at > max_at:  # noqa: PLR1730 - a call per event costs more
+            max_at = at
+    progress.position, progress.max_at = position, max_at

@@ -12,7 +12,7 @@ from ledger.collection import fewer_collections
 from ledger.domain import Cluster
 from ledger.errors import LedgerError
 from ledger.model import timestamp
-from ledger.records import replay_stored
+from ledger.records import Progress, replay_log
 from ledger.store import Store
 from projections import checkpoints, tables
 from projections.rows import Statements, write_changes
@@ -52,16 +52,26 @@ def rebuild(
     bounded = upto is not None or until is not None
     start = checkpoints.nearest(store, upto, until) if every and bounded else None
     cluster, position, max_at = start if start is not None else (Cluster(), 0, "")
-    for stored in store.read_log(position, upto):
-        at = replay_stored(cluster, stored, until)
-        if at is None:
-            break  # the first event after the moment asked for
-        position = stored.originator_version
-        if at > max_at:  # noqa: PLR1730 - a call per event costs more
-            max_at = at
-        if every and position % every == 0:
-            checkpoints.keep(store, cluster, position, max_at)
-    return cluster, position
+    progress = Progress(position, max_at)
+    while True:
+        end = _next_stop(progress.position, every, upto)
+        replay_log(cluster, store.read_log(progress.position, end), progress, until)
+        if progress.stopped or progress.position != end:
+            break  # the end of the log, or the first event after the moment asked for
+        if every and end % every == 0:
+            checkpoints.keep(store, cluster, end, progress.max_at)
+        if end == upto:
+            break
+    return cluster, progress.position
+
+
+def _next_stop(position: int, every: int, upto: int | None) -> int | None:
+    """Where a replay from ``position`` pauses next: the next checkpoint
+    (every ``every`` positions, if any), or ``upto``."""
+    if not every:
+        return upto
+    checkpoint = (position // every + 1) * every
+    return checkpoint if upto is None else min(checkpoint, upto)
 
 
 @fewer_collections()

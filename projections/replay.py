@@ -28,7 +28,7 @@ from typing import Any
 from ledger.collection import fewer_collections
 from ledger.domain import Cluster
 from ledger.errors import LedgerError
-from ledger.records import replay_stored
+from ledger.records import Progress, replay_log
 from ledger.store import Store
 from projections import tables
 from projections.asof import AsOf, rebuild
@@ -127,8 +127,7 @@ class Scratch:
             started = time.perf_counter()
             with self.store.projecting() as cursor:
                 self.source.cursor = cursor
-                for stored in self.store.read_log(self.position, end):
-                    replay_stored(self.cluster, stored)
+                replay_log(self.cluster, self.store.read_log(self.position, end), Progress(self.position))
                 self.store.write_changes(cursor, self.sql, self.cluster.take_changes())
             self.position = end
             self.seconds += time.perf_counter() - started
