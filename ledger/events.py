@@ -31,12 +31,15 @@ from ledger.model import Event
 MAX_SLOTS = 1024
 STRICT = ConfigDict(extra="forbid", strict=True)
 
-Name = Annotated[str, Field(min_length=1, max_length=128)]
+# No text may hold a NUL character: PostgreSQL's text cannot, and one such
+# event must be invalid on its own, not fail the transaction of its batch.
+NO_NUL = r"^[^\x00]*$"
+Name = Annotated[str, Field(min_length=1, max_length=128, pattern=NO_NUL)]
 # '#' separates node and slot (n1#0), so a node name may not contain it.
-NodeName = Annotated[str, Field(min_length=1, max_length=128, pattern=r"^[^#]+$")]
-Address = Annotated[str, Field(min_length=1, max_length=256)]
+NodeName = Annotated[str, Field(min_length=1, max_length=128, pattern=r"^[^#\x00]+$")]
+Address = Annotated[str, Field(min_length=1, max_length=256, pattern=NO_NUL)]
 SlotIndex = Annotated[int, Field(ge=0, lt=MAX_SLOTS)]
-Text = Annotated[str, Field(max_length=1024)]
+Text = Annotated[str, Field(max_length=1024, pattern=NO_NUL)]
 
 
 def _unique(values: list[str] | None) -> list[str] | None:
@@ -101,7 +104,7 @@ class NodeRemoved(Envelope):
 class NodeSuspected(Envelope):
     type: Literal["node-suspected"]
     node: NodeName
-    reason: Annotated[str, Field(min_length=1, max_length=1024)]
+    reason: Annotated[str, Field(min_length=1, max_length=1024, pattern=NO_NUL)]
 
 
 @with_config(STRICT)
@@ -204,6 +207,8 @@ def describe(error: ValidationError) -> str:
             parts.append(f"unknown type '{tag}'")
         elif kind == "union_tag_not_found":
             parts.append("missing field 'type'")
+        elif kind == "string_pattern_mismatch" and "\x00" in str(item.get("input")):
+            parts.append(f"field '{field}': must not contain a NUL character")
         elif kind == "string_pattern_mismatch":
             parts.append(f"field '{field}': must not contain '#' (it separates node and slot)")
         elif kind in ("model_type", "dict_type", "model_attributes_type") and not field:

@@ -371,3 +371,21 @@ def test_a_dropped_connection_mid_stream_leaves_nothing_half_written(
     assert acknowledged == list(range(1, len(acknowledged) + 1))
     assert 0 <= head - len(acknowledged) <= 100
     assert read.snapshot("state_", DECISION_TABLES) == replayed(pg_url, only=DECISION_TABLES)
+
+
+@pytest.mark.parametrize("writers", ["lock", "combine"])
+def test_text_with_a_nul_character_is_invalid_on_its_own_in_both_stores(store_url, writers):
+    url = option(store_url, f"writers={writers}") if store_url.startswith("postgres") else store_url
+    batch = [
+        '{"type": "node-registered", "node": "n1"}',
+        '{"type": "node-registered", "node": "n\\u00002"}',
+        '{"type": "node-registered", "node": "n3", "source": "a\\u0000b"}',
+        '{"type": "node-registered", "node": "n4"}',
+    ]
+    with Ledger.open(url) as ledger:
+        receipts = ledger.submit_batch(batch)
+
+    assert [(r.status, r.position) for r in receipts] == [
+        ("appended", 1), ("invalid", None), ("invalid", None), ("appended", 2)]
+    assert receipts[1].error == "field 'node': must not contain a NUL character"
+    assert receipts[2].error == "field 'source': must not contain a NUL character"
