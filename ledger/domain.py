@@ -213,9 +213,17 @@ class Cluster:
             raise errors.AllocationRemoved(alloc_id)
         return alloc
 
-    def check_slot_report(self, node: Node, event: Event) -> None:
+    def check_slot_report(self, node: Node, report: list[dict[str, Any]]) -> dict[int, str | None]:
+        """The report as slot -> alloc, once it names slots in range, each once."""
+        reported = {entry["slot"]: entry["alloc"] for entry in report}
+        if len(reported) < len(report) or max(reported, default=-1) >= node.slots:
+            self.explain_slot_report(node, report)
+        return reported
+
+    def explain_slot_report(self, node: Node, report: list[dict[str, Any]]) -> None:
+        """Raise for the first entry of an invalid report that names a slot out of range or again."""
         seen: set[int] = set()
-        for entry in event.get("slots") or ():
+        for entry in report:
             if entry["slot"] >= node.slots:
                 raise errors.SlotReportInvalid(
                     f"slot report names slot {node.node}#{entry['slot']}, "
@@ -324,8 +332,7 @@ class Cluster:
         node = self.check_node_exists(event["node"])
         name = node.node
         report = event.get("slots")
-        if report is not None:
-            self.check_slot_report(node, event)
+        reported = self.check_slot_report(node, report) if report is not None else None
         status = node.status
         if status == "disconnected" or status == "initializing":
             waiting = self.awaits_reconnect(node)
@@ -339,8 +346,7 @@ class Cluster:
         else:
             self._changed_node(node)
             self._beats.add(name)  # a row already kept: only its heartbeat changes
-        if report is not None:
-            reported = {entry["slot"]: entry["alloc"] for entry in report}
+        if reported is not None:
             for slot in self.slot_tables[name]:
                 value = reported.get(slot.slot)
                 # reported_position says since when the node reports this value
