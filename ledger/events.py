@@ -29,6 +29,7 @@ from ledger.errors import InvalidEvent
 from ledger.model import Event
 
 MAX_SLOTS = 1024
+MAX_SECONDS = 2**31 - 1  # a duration's most seconds: an INTEGER column in both stores
 STRICT = ConfigDict(extra="forbid", strict=True)
 
 # No text may hold a NUL character: PostgreSQL's text cannot, and one such
@@ -122,7 +123,7 @@ class AllocPlaced(Envelope):
     job: NotRequired[Name | None]
     slot: NotRequired[SlotIndex | None]
     addresses: NotRequired[Annotated[list[Address] | None, AfterValidator(_unique)]]
-    max_disconnect: NotRequired[Annotated[int, Field(ge=0)] | None]
+    max_disconnect: NotRequired[Annotated[int, Field(ge=0, le=MAX_SECONDS)] | None]
 
 
 @with_config(STRICT)

@@ -389,3 +389,23 @@ def test_text_with_a_nul_character_is_invalid_on_its_own_in_both_stores(store_ur
         ("appended", 1), ("invalid", None), ("invalid", None), ("appended", 2)]
     assert receipts[1].error == "field 'node': must not contain a NUL character"
     assert receipts[2].error == "field 'source': must not contain a NUL character"
+
+
+def test_a_duration_too_long_for_its_column_is_invalid_on_its_own(store_url):
+    batch: list[dict | str] = [
+        {"type": "node-registered", "node": "n1", "slots": 2},
+        {"type": "heartbeat", "node": "n1"},
+        '{"type": "alloc-placed", "alloc": "a1", "node": "n1", "slot": 0, '
+        '"max_disconnect": 100000000000000000000}',  # beyond 64 bits: the log's JSON cannot
+        {"type": "alloc-placed", "alloc": "a2", "node": "n1", "slot": 0,
+         "max_disconnect": 2**31},  # beyond PostgreSQL's INTEGER
+        {"type": "alloc-placed", "alloc": "a3", "node": "n1", "slot": 1,
+         "max_disconnect": 2**31 - 1},
+    ]
+    with Ledger.open(store_url) as ledger:
+        receipts = ledger.submit_batch(batch)
+
+    assert [r.status for r in receipts] == [
+        "appended", "appended", "invalid", "invalid", "appended"]
+    assert receipts[2].error == receipts[3].error == (
+        "field 'max_disconnect': Input should be less than or equal to 2147483647")
