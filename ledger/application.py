@@ -113,11 +113,14 @@ class Ledger:
             event["at"] = timestamp(event["at"])  # one text form from here on
         return event
 
-    def decide(self, cursor: Any, batch: list[Event]) -> list[Receipt]:
+    def decide(
+        self, cursor: Any, batch: list[Event], inline: bool | None = None
+    ) -> list[Receipt]:
         """Decide valid events in order and append what is kept, in the caller's
-        write transaction (the store calls this: ``Store.decide``)."""
+        write transaction (the store calls this: ``Store.decide``); ``inline``:
+        whether the projection tables follow in it (by default as the store says)."""
         with self._deciding:
-            return self._decide(cursor, batch)
+            return self._decide(cursor, batch, inline)
 
     def decide_ahead(self, cursor: Any, batch: list[Event]) -> Decided | None:
         """Decide a batch after the last one this process decided, which may
@@ -125,13 +128,13 @@ class Ledger:
         the log's lock). ``cursor`` reads what is committed: every entity the
         earlier batch changed is held in memory, so what is loaded is what no
         batch in flight changed. None when it cannot be decided ahead (nothing
-        decided yet, the caches are to be trimmed, or projections follow
-        inline): decide it with ``decide`` once the earlier batch is committed."""
+        decided yet, or the caches are to be trimmed): ``decide`` it once the
+        earlier batch is committed. The projections do not follow in a batch
+        decided ahead: one that asks for them is decided with ``decide``."""
         with self._deciding:
             if (
                 self._head is None or self._last_hash is None
-                or self._last_hash[0] != self._head or self.store.projects_inline
-                or self.cluster.size() > CACHE_LIMIT
+                or self._last_hash[0] != self._head or self.cluster.size() > CACHE_LIMIT
             ):
                 return None
             return self._decide_in_memory(cursor, batch, self._head)
@@ -144,7 +147,7 @@ class Ledger:
             if self.store.head(cursor) != decided.after:
                 self.forget()
                 return self._decide(cursor, decided.batch)
-            self._write(cursor, decided)
+            self._write(cursor, decided, inline=False)
             return decided.receipts
 
     def forget(self) -> None:
@@ -155,12 +158,12 @@ class Ledger:
             self._last_hash = None
             self._recent_ids = {}
 
-    def _decide(self, cursor: Any, batch: list[Event]) -> list[Receipt]:
+    def _decide(self, cursor: Any, batch: list[Event], inline: bool | None = None) -> list[Receipt]:
         head = self.store.head(cursor)
         if head != self._head:
             self.forget()  # another process wrote since we last did
         decided = self._decide_in_memory(cursor, batch, head)
-        self._write(cursor, decided)
+        self._write(cursor, decided, inline)
         if self.cluster.size() > CACHE_LIMIT:
             self.forget()  # memory stays bounded; entities reload on demand
         return decided.receipts
@@ -207,12 +210,12 @@ class Ledger:
         self._recent_ids = dict(new_ids)
         return Decided(after, head, batch, receipts, kept, hashes, new_ids, changes)
 
-    def _write(self, cursor: Any, decided: Decided) -> None:
+    def _write(self, cursor: Any, decided: Decided, inline: bool | None) -> None:
         if decided.kept:
             assert decided.changes is not None
             self.store.write_kept(
                 cursor, self.sql, decided.kept, decided.hashes, decided.new_ids, decided.changes)
-            self._project_inline(cursor, decided.head)
+            self._project_inline(cursor, decided.head, inline)
 
     def _record(self, event: Event, position: int, recorded_at: str) -> Record | Receipt:
         fact = Fact(position, event["at"])
@@ -253,12 +256,12 @@ class Ledger:
             raise LedgerError(f"the hash chain has no entry for position {position}")
         return found
 
-    def _project_inline(self, cursor: Any, head: int) -> None:
+    def _project_inline(self, cursor: Any, head: int, inline: bool | None) -> None:
         """The projection tables follow in the same transaction: on SQLite they
         are the very tables decisions read; elsewhere when asked for."""
         if self.store.state_prefix == "":
             self.store.track(cursor, head)
-        elif self.store.projects_inline:
+        elif self.store.projects_inline if inline is None else inline:
             self.projector.catch_up(cursor, head)
 
     def lag(self) -> int:

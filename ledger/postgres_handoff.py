@@ -59,6 +59,8 @@ TABLES = [  # created with the schema (PostgresStore)
     """CREATE UNLOGGED TABLE IF NOT EXISTS handoff (
         id BIGSERIAL PRIMARY KEY, batch TEXT NOT NULL, events BYTEA NOT NULL,
         pid INTEGER NOT NULL, started TIMESTAMPTZ)""",
+    # schema 3: whether the batch's writer keeps the projections inline
+    "ALTER TABLE handoff ADD COLUMN IF NOT EXISTS inline BOOLEAN NOT NULL DEFAULT false",
     """CREATE UNLOGGED TABLE IF NOT EXISTS outcomes (
         batch TEXT PRIMARY KEY, receipts BYTEA NOT NULL,
         decided_at TIMESTAMPTZ NOT NULL DEFAULT now())""",
@@ -70,15 +72,16 @@ TABLES = [  # created with the schema (PostgresStore)
 # roles without the privilege to see another role's sessions: a batch whose
 # start is not visible counts as its writer's.
 HAND = (
-    "WITH handed AS (INSERT INTO handoff (batch, events, pid, started) "
-    "SELECT %s, %s, pid, backend_start FROM pg_stat_get_activity(pg_backend_pid()) "
+    "WITH handed AS (INSERT INTO handoff (batch, events, inline, pid, started) "
+    "SELECT %s, %s, %s, pid, backend_start FROM pg_stat_get_activity(pg_backend_pid()) "
     "RETURNING 1) SELECT pg_notify(%s, '') FROM handed"
 )
 # Batches a round still committing took are locked: the next round skips them.
 TAKE = (
     "WITH taken AS (DELETE FROM handoff WHERE id IN "
-    "(SELECT id FROM handoff FOR UPDATE SKIP LOCKED) RETURNING id, batch, events, pid, started) "
-    "SELECT t.batch, t.events, t.pid FROM taken t JOIN pg_stat_get_activity(NULL) a ON a.pid = t.pid "
+    "(SELECT id FROM handoff FOR UPDATE SKIP LOCKED) "
+    "RETURNING id, batch, events, inline, pid, started) "
+    "SELECT t.batch, t.events, t.pid, t.inline FROM taken t JOIN pg_stat_get_activity(NULL) a ON a.pid = t.pid "
     "WHERE a.backend_start IS NULL OR t.started IS NULL OR a.backend_start = t.started "
     "ORDER BY t.id"
 )
@@ -133,7 +136,8 @@ class Handoff:
         connection = self._writer_connection()
         key = uuid.uuid4().hex
         try:
-            connection.execute(HAND, (key, orjson.dumps(batch), self.to_leader))
+            connection.execute(
+                HAND, (key, orjson.dumps(batch), self.store.projects_inline, self.to_leader))
             self._stand_by()
             return self._await(connection, key)
         except psycopg.Error as error:
@@ -277,13 +281,15 @@ class Handoff:
                 _wait(committing)
                 transaction.close()
                 return None
-            batches = [(key, orjson.loads(events), pid) for key, events, pid in taken]
+            batches = [(key, orjson.loads(events), pid) for key, events, pid, _ in taken]
             events = [e for _, b, _ in batches for e in b]
-            decided = None if committing is None else self.decider.decide_ahead(cursor, events)
+            inline = any(row[3] for row in taken)  # a writer wants the projections inline
+            ahead = committing is not None and not inline
+            decided = self.decider.decide_ahead(cursor, events) if ahead else None
             _wait(committing)
-            self.store.lock_log(cursor)
+            self.store.lock_log(cursor, tracking=inline)
             if decided is None:
-                receipts = self.decider.decide(cursor, events)
+                receipts = self.decider.decide(cursor, events, inline)
             else:
                 receipts = self.decider.write_ahead(cursor, decided)
             self._give(cursor, batches, receipts)

@@ -32,7 +32,7 @@ import psycopg
 from eventsourcing.persistence import PersistenceError, StoredEvent, Tracking
 from eventsourcing.postgres import PostgresDatastore, PostgresProcessRecorder
 from psycopg import sql
-from psycopg.rows import tuple_row
+from psycopg.rows import dict_row, tuple_row
 
 from ledger import postgres_writes
 from ledger.domain import Changes
@@ -50,7 +50,7 @@ from ledger.store import LEDGER_STREAM, PROJECTIONS, Decider, decide_here
 from projections import tables
 from projections.rows import Statements
 
-SCHEMA_VERSION = 2  # 2: the handoff tables (ledger.postgres_handoff)
+SCHEMA_VERSION = 3  # 2: the handoff tables (ledger.postgres_handoff); 3: handoff.inline
 MARK = f"alloc-ledger schema {SCHEMA_VERSION}"
 PAGE = 5000
 TRACKING = "tracking"
@@ -324,10 +324,11 @@ class PostgresStore:
         self._keys_only(cursor)
         self.lock_log(cursor)
 
-    def lock_log(self, cursor: Any) -> None:
-        """The log's EXCLUSIVE lock (and the tracking row's, with inline projections)."""
+    def lock_log(self, cursor: Any, tracking: bool | None = None) -> None:
+        """The log's EXCLUSIVE lock, and the tracking row's when the projections
+        follow inline (``tracking``; by default as this store's URL says)."""
         self.recorder._lock_table(cursor.connection.cursor())
-        if self.projects_inline:
+        if self.projects_inline if tracking is None else tracking:
             self._lock_tracking(cursor)
 
     @staticmethod
@@ -394,7 +395,8 @@ class PostgresStore:
         return None if row is None else str(row[0])
 
     def tracked(self, cursor: Any) -> int:
-        return self.recorder._max_tracking_id(PROJECTIONS, cursor.connection.cursor()) or 0
+        curs = cursor.connection.cursor(row_factory=dict_row)  # as the library's pool gives
+        return self.recorder._max_tracking_id(PROJECTIONS, curs) or 0
 
     def track(self, cursor: Any, position: int) -> None:
         self.recorder._insert_tracking(cursor.connection.cursor(), Tracking(PROJECTIONS, position))

@@ -40,7 +40,9 @@ Kept = StoredEvent | LoggedEvent  # what decoding accepts
 class Decider(Protocol):
     """What decides batches: the application."""
 
-    def decide(self, cursor: Any, batch: list[dict[str, Any]]) -> list[Receipt]: ...
+    def decide(
+        self, cursor: Any, batch: list[dict[str, Any]], inline: bool | None = None
+    ) -> list[Receipt]: ...
     def forget(self) -> None: ...
 
     def decide_ahead(self, cursor: Any, batch: list[dict[str, Any]]) -> Any | None:

@@ -13,8 +13,8 @@ import sys
 import threading
 import time
 import zlib
-from pathlib import Path
 from contextlib import ExitStack
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -85,7 +85,7 @@ def test_a_batch_whose_writer_has_gone_is_dropped_not_decided(pg_url, pg_schema,
     store = open_store(pg_url)
     gone = store.connect()  # type: ignore[attr-defined]
     gone.execute(HAND, ("gone", b'[{"type": "heartbeat", "node": "n1", "id": "ghost"}]',
-                        "nobody-listens"))
+                        False, "nobody-listens"))
     gone.close()  # the writer dies before any leader takes its batch
     store.close()
 
@@ -246,3 +246,20 @@ def test_a_stopped_leader_loses_the_lead_and_a_standby_decides(pg_url, tables):
         leader.stdin.close()
         leader.wait(timeout=30)
     assert tables(pg_url).head() == 3
+
+
+def test_a_writer_with_inline_projections_has_them_followed_by_any_leader(pg_url, tables):
+    _register(pg_url, "n1")
+    leader = Ledger.open(pg_url + COMBINE)  # its projections follow later (the default)
+    try:
+        assert leader.submit({"type": "heartbeat", "node": "n1"}).position == 2  # it leads
+        assert leader.lag() == 2
+        with Ledger.open(pg_url + COMBINE + "&projections=inline") as writer:
+            receipt = writer.submit({"type": "heartbeat", "node": "n1"})
+            assert leader.store.handoff.leading  # type: ignore[attr-defined]
+            assert (receipt.position, writer.lag()) == (3, 0)  # projected in its round
+        assert leader.submit({"type": "heartbeat", "node": "n1"}).position == 4
+        assert leader.lag() == 1
+    finally:
+        leader.close()
+    assert tables(pg_url).value("SELECT last_heartbeat_position FROM nodes WHERE node = 'n1'") == 3
