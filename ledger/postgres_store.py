@@ -6,10 +6,12 @@ missing). Beside it:
 
 * ``event_ids`` and ``event_hashes`` (append-only, like ``stored_events``:
   a trigger refuses UPDATE, DELETE and TRUNCATE);
-* the decision tables ``state_*``, which writers decide against and update in
-  their own transaction, after taking the library's EXCLUSIVE lock on
+* the decision tables ``state_*``, which are decided against and updated in
+  the transaction that appends, after taking the library's EXCLUSIVE lock on
   ``stored_events`` first: rules are race-free and positions gapless across
-  processes and machines;
+  processes and machines. By default writers hand their batches to one
+  leader that decides them all (``ledger.postgres_handoff``); with
+  ``?writers=lock`` each writer takes the lock in its own transaction;
 * the public projection tables (``nodes``, ``slots``, …), kept by
   ``alloc-ledger project [--follow]`` in transactions that lock the tracking
   row (never the log), or by the writers themselves with ``?projections=inline``.
@@ -135,7 +137,7 @@ class PostgresStore:
         if inline not in ("inline", "follow"):
             self._fail(f"projections={inline} must be inline or follow")
         self.projects_inline = inline == "inline"
-        writers = options.get("writers", "lock")
+        writers = options.get("writers", "combine")
         if writers not in ("lock", "combine"):
             self._fail(f"writers={writers} must be lock or combine")
         self.combines = writers == "combine"
@@ -181,9 +183,9 @@ class PostgresStore:
         return StoreUnavailable(f"store {self.shown}: {describe(error)}")
 
     def decide(self, batch: list[dict[str, Any]], decider: Decider) -> list[Any]:
-        """Take the log's lock and decide in this process's own transaction, or
-        (``?writers=combine``) hand the batch to the writer that leads, which
-        decides every waiting batch in one transaction (``ledger.postgres_handoff``)."""
+        """Hand the batch to the writer that leads, which decides every waiting
+        batch in one transaction (``ledger.postgres_handoff``), or
+        (``?writers=lock``) take the log's lock and decide in this process's own."""
         if self.combines:
             return self.handoff.decide(batch, decider)
         return decide_here(self, batch, decider)
