@@ -42,12 +42,7 @@ from ledger.errors import LedgerError, StoreUnavailable
 from ledger.postgres_handoff import TABLES as HANDOFF_TABLES
 from ledger.postgres_handoff import Handoff
 from ledger.postgres_preload import KNOWN_IDS, Preload, known_ids, named_by, not_cached
-from ledger.postgres_writes import (
-    INSERT_IDS,
-    BatchStatements,
-    LogRecorder,
-    as_json,
-)
+from ledger.postgres_writes import BatchStatements, LogRecorder
 from ledger.store import LEDGER_STREAM, PROJECTIONS, Decider, decide_here
 from projections import tables
 from projections.rows import Statements
@@ -375,15 +370,11 @@ class PostgresStore:
         self._local.last = (last or 0, chain_hash)
         return int(last or 0)
 
-    def append(self, cursor: Any, events: list[StoredEvent], hashes: list[tuple[int, str]]) -> None:
-        self.write_kept(cursor, self._statements(self.state_prefix), events, hashes, [], Changes())
-
     def write_kept(
         self, cursor: Any, sql: Any, events: list[StoredEvent], hashes: list[tuple[int, str]],
         ids: list[tuple[str, int]], changes: Changes,
     ) -> None:
-        """``append``, ``remember_ids`` and ``write_changes(decisions_only=True)``
-        in one statement (``postgres_writes.write_kept``)."""
+        """In one statement (``postgres_writes.write_kept``)."""
         postgres_writes.write_kept(
             cursor, self._statements(sql.prefix), self.recorder, events, hashes, ids, changes)
         self._local.last = None
@@ -412,15 +403,8 @@ class PostgresStore:
         cursor.execute(KNOWN_IDS, (ids,))
         return {row[0]: row[1] for row in cursor.fetchall()}
 
-    def remember_ids(self, cursor: Any, pairs: list[tuple[str, int]]) -> None:
-        if pairs:
-            cursor.execute(INSERT_IDS, as_json(pairs))
-
-    def write_changes(
-        self, cursor: Any, sql: Any, changes: Any, decisions_only: bool = False
-    ) -> None:
-        postgres_writes.write_changes(
-            cursor, self._statements(sql.prefix), sql.prefix, changes, decisions_only)
+    def write_changes(self, cursor: Any, sql: Any, changes: Any) -> None:
+        postgres_writes.write_changes(cursor, self._statements(sql.prefix), changes)
 
     def _statements(self, prefix: str) -> BatchStatements:
         statements = self._batch_statements.get(prefix)

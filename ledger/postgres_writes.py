@@ -55,9 +55,9 @@ def rows_of(types: Sequence[str]) -> str:
     return f"(SELECT {picked} FROM jsonb_array_elements(%s::jsonb) r)"
 
 
-def as_json(rows: Rows) -> tuple[str]:
+def as_json(rows: Rows) -> str:
     """The parameter of a ``rows_of`` statement."""
-    return (orjson.dumps(rows).decode(),)
+    return orjson.dumps(rows).decode()
 
 
 def inserted(table: str, columns: str, types: dict[str, str]) -> str:
@@ -103,7 +103,6 @@ class BatchStatements:
         self.prefix = prefix
         self._together: dict[tuple[Any, ...], str] = {}
 
-
     def together(self, names: Sequence[str], first: Sequence[str] = (), then: str = "1") -> str:
         """One statement that runs ``first`` (SQL) and the named statements
         of this class as data-modifying CTEs, each taking its parameters in
@@ -119,16 +118,13 @@ class BatchStatements:
         return found
 
 
-def write_changes(
-    cursor: Any, statements: BatchStatements, prefix: str, changes: Changes,
-    decisions_only: bool = False,
-) -> None:
+def write_changes(cursor: Any, statements: BatchStatements, changes: Changes) -> None:
     """``projections.rows.write_changes`` in one statement (``together``)."""
-    changed = changed_rows(changes, keep_logs=not (decisions_only and prefix))
+    changed = changed_rows(changes)
     if any(rows for _, rows in changed):
         cursor.execute(
             statements.together([name for name, _ in changed]),
-            [orjson.dumps(rows).decode() for _, rows in changed],
+            [as_json(rows) for _, rows in changed],
         )
 
 
@@ -137,18 +133,19 @@ def write_kept(
     events: Sequence[StoredEvent], hashes: Rows, ids: Rows, changes: Changes,
 ) -> None:
     """Append stored events (one stream's) with their chain hashes and client
-    ids, write the decision rows they changed, and notify the log's followers,
-    in one statement (``together``); the caller holds the log's lock."""
-    changed = changed_rows(changes, keep_logs=not statements.prefix)
-    first = [recorder.insert_rows_sql, INSERT_HASHES, INSERT_IDS]
+    ids, write the decision rows they changed (not the logs kept for
+    reporting: alloc states, rejections), and notify the log's followers, in
+    one statement (``together``); the caller holds the log's lock."""
+    changed = changed_rows(changes, keep_logs=False)
+    first = [recorder.insert_rows, INSERT_HASHES, INSERT_IDS]
     cursor.execute(
         statements.together([name for name, _ in changed], first, "pg_notify(%s, '')"),
         [
             one_stream(events),
-            orjson.dumps([(e.originator_version, e.topic, e.state.decode()) for e in events]).decode(),
-            orjson.dumps(hashes).decode(),
-            orjson.dumps(ids).decode(),
-            *(orjson.dumps(rows).decode() for _, rows in changed),
+            as_json([(e.originator_version, e.topic, e.state.decode()) for e in events]),
+            as_json(hashes),
+            as_json(ids),
+            *(as_json(rows) for _, rows in changed),
             recorder.channel_name,
         ],
     )
@@ -163,15 +160,15 @@ def one_stream(events: Sequence[StoredEvent]) -> Any:
 
 
 class LogRecorder(PostgresProcessRecorder):
-    """The library's recorder, with a batch insert for writers that hold its
-    EXCLUSIVE lock already (taken when their transaction begins): the stored
-    events travel as one JSON document (``rows_of``), where the library's own
-    insert dumps an array of a composite type as text, which costs several
-    times more. A state is JSON text, carried as a JSON string."""
+    """The library's recorder, with the SQL of a batch insert into its table
+    for ``write_kept``: the stored events travel as one JSON document
+    (``rows_of``), where the library's own insert dumps an array of a
+    composite type as text, which costs several times more. A state is JSON
+    text, carried as a JSON string."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self.insert_rows_statement = sql.SQL(
+        statement = sql.SQL(
             "INSERT INTO {schema}.{table} (originator_id, originator_version, topic, state) "
             "SELECT %s::{id_type}, version, topic, convert_to(state, 'UTF8') FROM "
         ).format(
@@ -179,8 +176,7 @@ class LogRecorder(PostgresProcessRecorder):
             table=sql.Identifier(self.events_table_name),
             id_type=sql.SQL(self.datastore.originator_id_type),
         ) + sql.SQL(rows_of(["bigint", "text", "text"]) + " r(version, topic, state)")
-
-        self.insert_rows_sql = self.insert_rows_statement.as_string(None)
+        self.insert_rows = statement.as_string(None)
 
 
 INSERT_HASHES = f"INSERT INTO event_hashes (position, hash) SELECT * FROM {rows_of(['bigint', 'text'])} r"

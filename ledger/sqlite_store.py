@@ -135,16 +135,6 @@ class SQLiteStore:
         )
         return cursor.fetchone()[0] or 0
 
-    def append(self, cursor: Any, events: list[StoredEvent], hashes: list[tuple[int, str]]) -> None:
-        # The recorder's own INSERT, in one executemany: its application
-        # recorder loops to fetch row ids the ledger does not need (positions
-        # are the stream's versions), and its aggregate recorder formats the
-        # stream's UUID again for every row.
-        cursor.executemany(
-            self.recorder.insert_events_statement,
-            [(self.stream, e.originator_version, e.topic, e.state) for e in events],
-        )
-        cursor.executemany("INSERT INTO event_hashes (position, hash) VALUES (?, ?)", hashes)
 
     def hash_at(self, cursor: Any, position: int) -> str | None:
         cursor.execute("SELECT hash FROM event_hashes WHERE position = ?", (position,))
@@ -166,22 +156,25 @@ class SQLiteStore:
             found.update((row[0], row[1]) for row in cursor.fetchall())
         return found
 
-    def remember_ids(self, cursor: Any, pairs: list[tuple[str, int]]) -> None:
-        if pairs:
-            cursor.executemany("INSERT INTO event_ids (id, position) VALUES (?, ?)", pairs)
-
-    def write_changes(
-        self, cursor: Any, sql: Any, changes: Any, decisions_only: bool = False
-    ) -> None:
-        rows.write_changes(cursor, sql, changes, decisions_only)
+    def write_changes(self, cursor: Any, sql: Any, changes: Any) -> None:
+        rows.write_changes(cursor, sql, changes)
 
     def write_kept(
         self, cursor: Any, sql: Any, events: list[StoredEvent], hashes: list[tuple[int, str]],
         ids: list[tuple[str, int]], changes: Any,
     ) -> None:
-        self.append(cursor, events, hashes)
-        self.remember_ids(cursor, ids)
-        self.write_changes(cursor, sql, changes, decisions_only=True)
+        # The recorder's own INSERT, in one executemany: its application
+        # recorder loops to fetch row ids the ledger does not need (positions
+        # are the stream's versions), and its aggregate recorder formats the
+        # stream's UUID again for every row.
+        cursor.executemany(
+            self.recorder.insert_events_statement,
+            [(self.stream, e.originator_version, e.topic, e.state) for e in events],
+        )
+        cursor.executemany("INSERT INTO event_hashes (position, hash) VALUES (?, ?)", hashes)
+        if ids:
+            cursor.executemany("INSERT INTO event_ids (id, position) VALUES (?, ?)", ids)
+        rows.write_changes(cursor, sql, changes)  # the decision tables are the projection tables
 
     def read_log(self, after: int, upto: int | None = None) -> Iterator[LoggedEvent]:
         """Kept events in order, a page per read transaction.

@@ -92,15 +92,14 @@ class Store(Protocol):
     def head(self, cursor: Any) -> int:
         """The position of the last event in the log (0 when empty)."""
 
-    def append(self, cursor: Any, events: list[StoredEvent], hashes: list[tuple[int, str]]) -> None:
-        """Insert stored events through the library's recorder, with their chain hashes."""
-
     def write_kept(
         self, cursor: Any, sql: Any, events: list[StoredEvent], hashes: list[tuple[int, str]],
         ids: list[tuple[str, int]], changes: Any,
     ) -> None:
-        """A decided batch's writes: ``append``, ``remember_ids`` and
-        ``write_changes(decisions_only=True)``, as this database does them fastest."""
+        """A decided batch's writes, as this database does them fastest: the
+        stored events (through the library's recorder's table) with their chain
+        hashes and client ids, and the rows they changed in the tables writers
+        decide against."""
 
     def hash_at(self, cursor: Any, position: int) -> str | None:
         """The chain hash kept for a position."""
@@ -114,12 +113,7 @@ class Store(Protocol):
     def known_ids(self, cursor: Any, ids: list[str]) -> dict[str, int]:
         """Positions of client ids already in the ledger."""
 
-    def remember_ids(self, cursor: Any, pairs: list[tuple[str, int]]) -> None:
-        """Keep client ids with their positions."""
-
-    def write_changes(
-        self, cursor: Any, sql: Any, changes: Any, decisions_only: bool = False
-    ) -> None:
+    def write_changes(self, cursor: Any, sql: Any, changes: Any) -> None:
         """Write the rows the domain changed (``projections.rows.write_changes``
         semantics), in the caller's transaction, as this database does it fastest."""
 

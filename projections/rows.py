@@ -188,13 +188,9 @@ def changed_rows(changes: Changes, keep_logs: bool = True) -> list[tuple[str, li
     return found
 
 
-def write_changes(
-    cursor: Any, sql: Statements, changes: Changes, decisions_only: bool = False
-) -> None:
+def write_changes(cursor: Any, sql: Statements, changes: Changes) -> None:
     """Write everything the domain changed, one ``executemany`` per table (a
-    node changed by heartbeats alone by an UPDATE of those two columns); with
-    ``decisions_only`` and separate decision tables, skip the logs kept only
-    for reporting (alloc states, rejections)."""
-    for name, rows in changed_rows(changes, keep_logs=not (decisions_only and sql.prefix)):
+    node changed by heartbeats alone by an UPDATE of those two columns)."""
+    for name, rows in changed_rows(changes):
         if rows:
             cursor.executemany(getattr(sql, name), rows)
