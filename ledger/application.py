@@ -174,9 +174,10 @@ class Ledger:
         after = head
         self.source.cursor = cursor
         self.store.preload(cursor, self.sql, self.cluster, batch)
-        known = self.store.known_ids(cursor, [e["id"] for e in batch if "id" in e])
-        for ident in self._recent_ids.keys() & {e["id"] for e in batch if "id" in e}:
-            known.setdefault(ident, self._recent_ids[ident])  # decided, maybe not committed
+        ids = [e["id"] for e in batch if "id" in e]
+        known = self.store.known_ids(cursor, ids)
+        for recent in self._recent_ids.keys() & set(ids):
+            known.setdefault(recent, self._recent_ids[recent])  # decided, maybe not committed
         moment = now()
         recorded_at = timestamp(moment)
         receipts: list[Receipt] = []
