@@ -6,12 +6,14 @@ wait grows with the number of writers. Here writers combine instead:
 
 * A writer hands its validated batch over with one INSERT into ``handoff``,
   an UNLOGGED table (no disk flush), which NOTIFYs the leader.
-* Every writer process keeps a standby thread waiting for a session advisory
-  lock; the thread that holds it leads. In one transaction it takes the
-  log's EXCLUSIVE lock, takes every batch handed over (in order), decides
-  them in that order against its own cache, which stays valid as long as it
-  leads, since no one else writes, appends them, and commits (one flush for
-  all of them). Each writer's receipts go to its own NOTIFY channel, which
+* Every writer process keeps a standby thread trying for an advisory lock,
+  held in a transaction on a *lease* connection; the thread that holds it
+  leads. In one transaction it takes every batch handed over (in order),
+  decides them in that order against its own cache, takes the log's
+  EXCLUSIVE lock, appends them, and commits (one flush for all of them). The
+  cache stays valid while it leads; a writer with ``?writers=lock`` that
+  appends meanwhile is seen by the head under the lock, and the round is
+  decided again. Each writer's receipts go to its own NOTIFY channel, which
   delivers them when the round commits: in the notification when they fit,
   else in ``outcomes`` (UNLOGGED), where the notification tells it to look.
 * Rounds overlap: while one round's writes and commit run on the server, the
@@ -23,11 +25,12 @@ wait grows with the number of writers. Here writers combine instead:
 * A writer reads its receipts only after that commit, so an acknowledged
   event is durable. If the leader's process dies, its transaction rolls back
   (the batches go back into ``handoff``), its lock is released and another
-  standby leads at once. A batch whose writer's session has ended before a
+  standby leads at once; if it stops, the server ends its lease after
+  ``timeout``/3 idle. A batch whose writer's session has ended before a
   leader took it is dropped, not decided later on behalf of no one.
 
-Positions stay one gapless order: one leader at a time decides, under the
-same lock as before. A writer that hears nothing within the store's
+Positions stay one gapless order: every round appends under the log's
+EXCLUSIVE lock, after the head it was decided against. A writer that hears nothing within the store's
 ``timeout`` withdraws its batch if it is still waiting (nothing of it was
 written) and reports the store unavailable.
 """
@@ -152,7 +155,7 @@ class Handoff:
             mine = [p[len(key) :] for p in heard if p.startswith(key)]
             if mine and mine[0]:
                 return [Receipt(*fields) for fields in orjson.loads(mine[0])]
-            if mine or not heard:  # in ``outcomes``; or heard nothing: look there anyway
+            if mine:  # too many for a notification: in ``outcomes``
                 row = connection.execute(
                     "DELETE FROM outcomes WHERE batch = %s RETURNING receipts", (key,)
                 ).fetchone()
