@@ -8,11 +8,12 @@ the tables and the tracking position consistent, and the next run resumes.
 
 from __future__ import annotations
 
+import itertools
 from typing import Any
 
 from ledger.collection import fewer_collections
 from ledger.domain import Cluster
-from ledger.records import decode, replay
+from ledger.records import Progress, replay_log
 from ledger.store import Store
 from projections.rows import Statements, TableSource
 
@@ -53,11 +54,14 @@ class Projector:
             head = min(head, tracked + limit)
         if tracked >= head:
             return tracked
-        for count, stored in enumerate(self.store.read_log(tracked, head), 1):
-            replay(self.cluster, decode(stored))
-            if count % PAGE == 0:
-                self.store.write_changes(cursor, self.sql, self.cluster.take_changes())
-        self.store.write_changes(cursor, self.sql, self.cluster.take_changes())
+        log = iter(self.store.read_log(tracked, head))
+        progress = Progress(tracked)
+        while progress.position < head:
+            before = progress.position
+            replay_log(self.cluster, itertools.islice(log, PAGE), progress)
+            self.store.write_changes(cursor, self.sql, self.cluster.take_changes())
+            if progress.position == before:
+                break  # the log ended early
         self.store.track(cursor, head)
         self.cluster.forget()
         return head
