@@ -17,7 +17,7 @@ from ledger.model import Receipt
 LIMIT = 16  # a small line limit, so that over-long lines are common
 
 
-def from_pipe(data: bytes, read: int, most: int) -> list[tuple[int, object]]:
+def from_pipe(data: bytes, most: int) -> list[tuple[int, object]]:
     reading, writing = os.pipe()
 
     def feed() -> None:
@@ -60,7 +60,7 @@ def test_a_pipe_gives_the_lines_a_file_gives(
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(submit, "MAX_LINE", LIMIT)
         patch.setattr(submit, "READ", read)
-        assert from_pipe(data, read, most) == from_file(data)
+        assert from_pipe(data, most) == from_file(data)
 
 
 def test_lines_already_waiting_come_in_one_batch_up_to_its_size() -> None:
