@@ -17,6 +17,15 @@ On one PostgreSQL server, in one run:
    (imports and connections are not measured). The acknowledgement latency of
    an event is the time from writing its line to reading its result line.
 
+Each measured phase starts after a ``CHECKPOINT`` (when the role may run
+one), so that pgbench and the ledger meet the server in the same state: no
+dirty buffers left from the phase before, and WAL segments recycled for
+reuse. A server that has never checkpointed creates (and zero-fills) a new
+16 MB WAL segment every ~16 MB written, inside some commit: at the ledger's
+~1.2 kB of WAL per event that stalls a commit for tens of ms about once a
+second, which a server in steady state does not do. The WAL written per
+event and the segments created during the run are printed.
+
 Prints events/s, the ratio to pgbench's rate, p50/p99 latency and the CPU
 the machine spent per event, and exits 1 when the goal (ratio >= 0.75 and
 p99 < 50 ms) is missed.
@@ -103,12 +112,45 @@ def psql(dsn: str, statement: str) -> str:
     return result.stdout.strip()
 
 
+def checkpoint(dsn: str) -> bool:
+    """Start a phase from a checkpoint; False when the role may not run one."""
+    try:
+        psql(dsn, "CHECKPOINT")
+    except subprocess.CalledProcessError:
+        return False
+    return True
+
+
+class WalMeter:
+    """WAL bytes written and WAL segment files created over a phase (files
+    only when the role may list the WAL directory)."""
+
+    def __init__(self, dsn: str) -> None:
+        self.dsn = dsn
+        self.position = psql(dsn, "SELECT pg_current_wal_lsn()")
+        self.files = self._files()
+
+    def _files(self) -> int | None:
+        try:
+            return int(psql(self.dsn, "SELECT count(*) FROM pg_ls_waldir()"))
+        except subprocess.CalledProcessError:
+            return None
+
+    def read(self) -> tuple[int, int | None]:
+        """(bytes written, segment files created) since this meter started."""
+        written = int(psql(self.dsn, f"SELECT pg_wal_lsn_diff(pg_current_wal_lsn(), '{self.position}')"))
+        files = self._files()
+        created = None if files is None or self.files is None else max(files - self.files, 0)
+        return written, created
+
+
 def pgbench(dsn: str, schema: str, clients: int, seconds: int, directory: Path) -> float:
     table = f"{schema}.pgbench_scratch"
     psql(dsn, f"CREATE TABLE IF NOT EXISTS {table} (id bigserial PRIMARY KEY, v text)")
     script = directory / "insert.sql"
     script.write_text(f"INSERT INTO {table} (v) VALUES ('x');\n")
     command = ["pgbench", "-n", "-c", str(clients), "-j", "2", "-T", str(seconds), "-f", str(script)]
+    checkpoint(dsn)
     result = subprocess.run(
         command, env=pg_environment(dsn), capture_output=True, text=True, check=False
     )
@@ -374,7 +416,8 @@ def main(argv: list[str] | None = None) -> int:
             pgbench_rate = pgbench(args.dsn, schema, args.streams, args.seconds, directory)
             print(f"pgbench: {pgbench_rate:,.0f} single-row inserts/s "
                   f"({args.streams} clients, -j 2, {args.seconds} s)")
-            before = commits(args.dsn)
+            checkpointed = checkpoint(args.dsn)
+            before, wal = commits(args.dsn), WalMeter(args.dsn)
             rate = {"goal": OFFERED * pgbench_rate, "max": 0.0}.get(args.rate) if args.rate in (
                 "goal", "max") else float(args.rate)
             assert rate is not None
@@ -382,6 +425,7 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"offering {rate:,.0f} events/s, paced, over {args.streams} streams")
             ledger = run_streams(url, paths, args.window, rate, args.batch)
             transactions = commits(args.dsn) - before
+            wal_bytes, segments = wal.read()
             psql(args.dsn, f"TRUNCATE {schema}.pgbench_scratch")
             pgbench_after = pgbench(args.dsn, schema, args.streams, args.seconds, directory)
     finally:
@@ -398,6 +442,10 @@ def main(argv: list[str] | None = None) -> int:
     print(f"pgbench again after the ledger: {pgbench_after:,.0f} single-row inserts/s "
           "(the machine's drift; the ratio uses the first figure)")
     print(f"statuses: {json.dumps(ledger['statuses'], sort_keys=True)}")
+    print(f"WAL: {wal_bytes / ledger['events']:,.0f} bytes per event (from the run's start to "
+          f"the last answer, schema warm-up included); WAL segments created meanwhile: "
+          f"{'not visible to this role' if segments is None else segments}; each phase "
+          f"{'started after a CHECKPOINT' if checkpointed else 'ran without a CHECKPOINT (the role may not run one)'}")
     if ledger["cpu_total"] > 0:
         busy, events = ledger["cpu_busy"], ledger["events"]
         print(f"CPU: {100 * busy / ledger['cpu_total']:.0f}% busy over {cpus} CPUs from the "
