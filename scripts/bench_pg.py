@@ -304,12 +304,12 @@ def run_streams(url: str, paths: list[Path], window: int, rate: float, batch: in
     time.sleep(0.5)
     pids = {stream.process.pid: "submit streams" for stream in streams}
     pids[os.getpid()] = "this script"
-    busy_before, harness_before, by_before = cpu_busy(), harness_cpu(), cpu_by_program(pids)
+    busy_before, harness_before, by_before = cpu_busy(), harness_cpu(), cpu_by_process(pids)
     began[0] = time.perf_counter()
     start.set()
     for stream in streams:
         stream.answered.wait()
-    busy_after, harness_after, by_after = cpu_busy(), harness_cpu(), cpu_by_program(pids)
+    busy_after, harness_after, by_after = cpu_busy(), harness_cpu(), cpu_by_process(pids)
     for thread in threads:
         thread.join()
     elapsed = max(s.done for s in streams) - began[0]
@@ -333,9 +333,7 @@ def run_streams(url: str, paths: list[Path], window: int, rate: float, batch: in
         "cpu_busy": busy_after[0] - busy_before[0],
         "cpu_total": busy_after[1] - busy_before[1],
         "cpu_harness": harness_after - harness_before,
-        "cpu_by_program": {
-            name: by_after[name] - by_before.get(name, 0.0) for name in by_after
-        },
+        "cpu_by_program": cpu_by_program(by_before, by_after),
     }
 
 
@@ -356,13 +354,11 @@ def harness_cpu() -> float:
     return times.user + times.system
 
 
-def cpu_by_program(named: dict[int, str]) -> dict[str, float]:
-    """CPU seconds used so far by the processes alive now, summed by program name or
-    by the name ``named`` gives their PID (Linux /proc/PID/stat, every thread). A
-    process that exits before the second reading drops out; the ledger's streams
-    and the server's sessions live through the run."""
+def cpu_by_process(named: dict[int, str]) -> dict[int, tuple[str, float]]:
+    """CPU seconds used so far by each process alive now, with its program name or
+    the name ``named`` gives its PID (Linux /proc/PID/stat, every thread)."""
     ticks = os.sysconf("SC_CLK_TCK")
-    used: dict[str, float] = {}
+    used: dict[int, tuple[str, float]] = {}
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
             continue
@@ -370,9 +366,23 @@ def cpu_by_program(named: dict[int, str]) -> dict[str, float]:
             stat = (entry / "stat").read_text()
         except OSError:
             continue
-        name = named.get(int(entry.name)) or stat[stat.index("(") + 1:stat.rindex(")")]
+        pid = int(entry.name)
+        name = named.get(pid) or stat[stat.index("(") + 1:stat.rindex(")")]
         fields = stat[stat.rindex(")") + 2:].split()
-        used[name] = used.get(name, 0.0) + (float(fields[11]) + float(fields[12])) / ticks
+        used[pid] = (name, (float(fields[11]) + float(fields[12])) / ticks)
+    return used
+
+
+def cpu_by_program(before: dict[int, tuple[str, float]],
+                   after: dict[int, tuple[str, float]]) -> dict[str, float]:
+    """CPU seconds used between two readings, summed by program, over the
+    processes alive at the second (one that exits in between drops out: the
+    ledger's streams and the server's sessions live through the run)."""
+    used: dict[str, float] = {}
+    for pid, (name, seconds) in after.items():
+        earlier = before.get(pid)
+        spent = seconds - (earlier[1] if earlier is not None and earlier[0] == name else 0.0)
+        used[name] = used.get(name, 0.0) + spent
     return used
 
 
