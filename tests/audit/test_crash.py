@@ -142,9 +142,9 @@ def test_projection_killed_mid_catch_up_resumes_cleanly(under_test: StoreUnderTe
     stops: list[int] = []
     try:
         assert projected(store) == (0, events)
-        wait = 0.1  # grows while kills land before the first commit (a loaded machine)
+        wait = 0.03  # grows while kills land before the first commit (a loaded machine)
         for _ in range(12):
-            pid, stdout = spawn("project", "--batch", "400", url=under_test.url)
+            pid, stdout = spawn("project", "--batch", "200", url=under_test.url)
             time.sleep(rng.uniform(wait / 2, wait * 1.5))
             kill(pid)
             stdout.close()
