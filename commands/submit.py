@@ -9,7 +9,7 @@ import select
 import stat
 import sys
 import time
-from collections import Counter
+from collections import Counter, deque
 from collections.abc import Iterator
 from typing import IO, Any
 
@@ -126,8 +126,7 @@ def _stream(
     descriptor = _pipe(stream)
     if descriptor is None:  # a file, or a stream in memory, never makes us wait: full batches
         numbered = _lines(stream)
-        while pending := list(itertools.islice(numbered, batch)):
-            yield _decide(ledger, pending)
+        yield from _decide_all(ledger, iter(lambda: list(itertools.islice(numbered, batch)), []))
         return
     arrivals = Arrivals(descriptor)
     while pending := arrivals.take(batch):
@@ -196,10 +195,30 @@ def _pipe(stream: IO[bytes]) -> int | None:
     return descriptor  # read below its buffer: nothing has read from it before
 
 
+TOO_LONG_RECEIPT = Receipt("invalid", error=f"line is longer than {MAX_LINE} bytes")
+
+
 def _decide(ledger: Ledger, pending: list[tuple[int, Any]]) -> list[tuple[int, Receipt]]:
-    too_long = Receipt("invalid", error=f"line is longer than {MAX_LINE} bytes")
     decided = iter(ledger.submit_batch([line for _, line in pending if line is not TOO_LONG]))
-    return [(n, too_long if line is TOO_LONG else next(decided)) for n, line in pending]
+    return [(n, TOO_LONG_RECEIPT if line is TOO_LONG else next(decided)) for n, line in pending]
+
+
+def _decide_all(
+    ledger: Ledger, batches: Iterator[list[tuple[int, Any]]]
+) -> Iterator[list[tuple[int, Receipt]]]:
+    """``_decide`` each batch in turn, through ``Ledger.submit_batches`` (which
+    may decide one batch while the last commits: the batches are all there)."""
+    taken: deque[list[tuple[int, Any]]] = deque()
+
+    def lines() -> Iterator[list[Any]]:
+        for pending in batches:
+            taken.append(pending)
+            yield [line for _, line in pending if line is not TOO_LONG]
+
+    for receipts in ledger.submit_batches(lines()):
+        decided = iter(receipts)
+        yield [(n, TOO_LONG_RECEIPT if line is TOO_LONG else next(decided))
+               for n, line in taken.popleft()]
 
 
 def _result_line(number: int, receipt: Receipt) -> str:

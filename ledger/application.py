@@ -7,6 +7,7 @@ so a reported append is durable and nothing is ever half-written.
 
 from __future__ import annotations
 
+import itertools
 import threading
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
@@ -15,16 +16,16 @@ from typing import Any, Self
 
 from eventsourcing.persistence import StoredEvent
 
-from ledger import events
+from ledger import events, pipeline
 from ledger.chain import GENESIS, link
 from ledger.collection import fewer_collections
-from ledger.domain import AlreadyPlaced, Changes, Cluster, touched_by
+from ledger.domain import AlreadyPlaced, Cluster, touched_by
 from ledger.errors import InvalidEvent, LedgerError, RuleViolation
 from ledger.model import Event, Fact, Receipt, timestamp
 from ledger.records import REJECTED, Record, encode
 from ledger.store import Store, open_store
 from projections.projector import Projector
-from projections.rows import Statements, TableSource
+from projections.rows import ChangedRows, Statements, TableSource, changed_rows
 
 __all__ = ["Ledger", "Receipt"]
 
@@ -44,7 +45,7 @@ class Decided:
     kept: list[StoredEvent]
     hashes: list[tuple[int, str]]
     new_ids: list[tuple[str, int]]
-    changes: Changes | None
+    changed: ChangedRows  # the rows it changed, as decided (the entities change on)
 
 
 def now() -> datetime:
@@ -84,19 +85,26 @@ class Ledger:
 
     def submit_many(self, stream: Iterable[Submission], batch: int = 1000) -> Iterator[Receipt]:
         """Submit a stream in batches; yield each receipt once its batch is durable."""
-        pending: list[Submission] = []
-        for item in stream:
-            pending.append(item)
-            if len(pending) >= batch:
-                yield from self.submit_batch(pending)
-                pending = []
-        if pending:
-            yield from self.submit_batch(pending)
+        items = iter(stream)
+        batches = iter(lambda: list(itertools.islice(items, batch)), [])
+        for receipts in self.submit_batches(batches):
+            yield from receipts
+
+    def submit_batches(self, batches: Iterable[list[Submission]]) -> Iterator[list[Receipt]]:
+        """Submit batches in order, each in one transaction; yield each batch's
+        receipts once it is durable. Where the store can, the next batch is
+        decided while the last one commits (``ledger.pipeline``): so take the
+        next batch only from what is already there (a file, a list), never
+        from a producer that waits for these receipts."""
+        if not self.store.overlaps:
+            yield from map(self.submit_batch, batches)
+            return
+        yield from pipeline.overlapped(self, batches)
 
     @fewer_collections()
     def submit_batch(self, items: list[Submission]) -> list[Receipt]:
         """Validate, decide and append a batch in one transaction."""
-        parsed: list[Event | Receipt] = [self._parse(i) for i in items]
+        parsed: list[Event | Receipt] = [self.parse(i) for i in items]
         valid = [p for p in parsed if not isinstance(p, Receipt)]
         if not valid:
             return [p for p in parsed if isinstance(p, Receipt)]
@@ -104,7 +112,8 @@ class Ledger:
         return [p if isinstance(p, Receipt) else next(answers) for p in parsed]
 
     @staticmethod
-    def _parse(item: Submission) -> Event | Receipt:
+    def parse(item: Submission) -> Event | Receipt:
+        """A valid event (``at`` in its one text form), or the receipt of an invalid one."""
         try:
             event = events.received(item)
         except InvalidEvent as error:
@@ -147,8 +156,10 @@ class Ledger:
             if self.store.head(cursor) != decided.after:
                 self.forget()
                 return self._decide(cursor, decided.batch)
-            self._write(cursor, decided, inline=False)
-            return decided.receipts
+        # What it writes was decided and is not changed by what is decided
+        # meanwhile (the next batch, ahead of this one's commit).
+        self._write(cursor, decided, inline=False)
+        return decided.receipts
 
     def forget(self) -> None:
         """Drop the cached state (a transaction failed: what it decided is not kept)."""
@@ -204,18 +215,17 @@ class Ledger:
             else:
                 receipts.append(Receipt("appended", head))
         hashes = self._chain(cursor, after, kept) if kept else []
-        changes = self.cluster.take_changes() if kept else None
+        changed = changed_rows(self.cluster.take_changes()) if kept else []
         self._head = head
         if hashes:
             self._last_hash = hashes[-1]
         self._recent_ids = dict(new_ids)
-        return Decided(after, head, batch, receipts, kept, hashes, new_ids, changes)
+        return Decided(after, head, batch, receipts, kept, hashes, new_ids, changed)
 
     def _write(self, cursor: Any, decided: Decided, inline: bool | None) -> None:
         if decided.kept:
-            assert decided.changes is not None
             self.store.write_kept(
-                cursor, self.sql, decided.kept, decided.hashes, decided.new_ids, decided.changes)
+                cursor, self.sql, decided.kept, decided.hashes, decided.new_ids, decided.changed)
             self._project_inline(cursor, decided.head, inline)
 
     def _record(self, event: Event, position: int, recorded_at: str) -> Record | Receipt:

@@ -37,7 +37,6 @@ from psycopg import sql
 from psycopg.rows import dict_row, tuple_row
 
 from ledger import postgres_writes
-from ledger.domain import Changes
 from ledger.errors import LedgerError, StoreUnavailable
 from ledger.postgres_handoff import TABLES as HANDOFF_TABLES
 from ledger.postgres_handoff import Handoff
@@ -45,7 +44,7 @@ from ledger.postgres_preload import KNOWN_IDS, Preload, known_ids, named_by, not
 from ledger.postgres_writes import BatchStatements, LogRecorder
 from ledger.store import LEDGER_STREAM, PROJECTIONS, Decider, decide_here
 from projections import tables
-from projections.rows import Statements
+from projections.rows import ChangedRows, Statements
 
 SCHEMA_VERSION = 3  # 2: the handoff tables (ledger.postgres_handoff); 3: handoff.inline
 MARK = f"alloc-ledger schema {SCHEMA_VERSION}"
@@ -117,6 +116,7 @@ class PostgresStore:
     dialect = "postgresql"
     param = "%s"
     state_prefix = STATE_PREFIX
+    overlaps = False  # writers hand batches to a leader, which overlaps its own rounds
 
     def __init__(self, url: str, parts: SplitResult, options: dict[str, str]) -> None:
         self.url = url
@@ -372,11 +372,11 @@ class PostgresStore:
 
     def write_kept(
         self, cursor: Any, sql: Any, events: list[StoredEvent], hashes: list[tuple[int, str]],
-        ids: list[tuple[str, int]], changes: Changes,
+        ids: list[tuple[str, int]], changed: ChangedRows,
     ) -> None:
         """In one statement (``postgres_writes.write_kept``)."""
         postgres_writes.write_kept(
-            cursor, self._statements(sql.prefix), self.recorder, events, hashes, ids, changes)
+            cursor, self._statements(sql.prefix), self.recorder, events, hashes, ids, changed)
         self._local.last = None
 
     def hash_at(self, cursor: Any, position: int) -> str | None:

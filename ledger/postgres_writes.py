@@ -25,8 +25,10 @@ from projections import tables
 from projections.rows import (
     ADDRESS_COLUMNS,
     ALLOC_COLUMNS,
+    LOGS,
     NODE_COLUMNS,
     SLOT_COLUMNS,
+    ChangedRows,
     changed_rows,
 )
 
@@ -130,13 +132,13 @@ def write_changes(cursor: Any, statements: BatchStatements, changes: Changes) ->
 
 def write_kept(
     cursor: Any, statements: BatchStatements, recorder: LogRecorder,
-    events: Sequence[StoredEvent], hashes: Rows, ids: Rows, changes: Changes,
+    events: Sequence[StoredEvent], hashes: Rows, ids: Rows, changed: ChangedRows,
 ) -> None:
     """Append stored events (one stream's) with their chain hashes and client
     ids, write the decision rows they changed (not the logs kept for
     reporting: alloc states, rejections), and notify the log's followers, in
     one statement (``together``); the caller holds the log's lock."""
-    changed = changed_rows(changes, keep_logs=False)
+    changed = [(name, rows) for name, rows in changed if name not in LOGS]
     first = [recorder.insert_rows, INSERT_HASHES, INSERT_IDS]
     cursor.execute(
         statements.together([name for name, _ in changed], first, "pg_notify(%s, '')"),

@@ -17,9 +17,10 @@ from typing import Any
 from eventsourcing.persistence import PersistenceError, StoredEvent, Tracking
 from eventsourcing.sqlite import SQLiteDatastore, SQLiteProcessRecorder
 
+from ledger import sqlite_writes
 from ledger.errors import StoreUnavailable
 from ledger.store import LEDGER_STREAM, PROJECTIONS, Decider, LoggedEvent, decide_here
-from projections import rows, tables
+from projections import tables
 
 SCHEMA_VERSION = 1
 _LOGGED = partial(tuple.__new__, LoggedEvent)  # a row as a LoggedEvent, without _make's checks
@@ -59,11 +60,14 @@ class SQLiteStore:
         self.url = url
         self.path = path
         self.stream = LEDGER_STREAM.hex
+        self._batch_statements: dict[str, sqlite_writes.BatchStatements] = {}
         timeout = float(options.get("timeout", "10"))
         self._check_path()
         try:
             self.datastore = SQLiteDatastore(path, lock_timeout=int(timeout) or 1)
             self.recorder = SQLiteProcessRecorder(self.datastore)
+            # a reader may read while the writer thread writes (not in memory)
+            self.overlaps = not self.datastore.pool.is_sqlite_memory_mode
             self._create_schema()
         except (PersistenceError, sqlite3.Error) as error:
             raise StoreUnavailable(f"cannot open store {url}: {describe(error)}") from None
@@ -157,24 +161,26 @@ class SQLiteStore:
         return found
 
     def write_changes(self, cursor: Any, sql: Any, changes: Any) -> None:
-        rows.write_changes(cursor, sql, changes)
+        sqlite_writes.write_changes(cursor, self._statements(sql.prefix), changes)
 
     def write_kept(
         self, cursor: Any, sql: Any, events: list[StoredEvent], hashes: list[tuple[int, str]],
-        ids: list[tuple[str, int]], changes: Any,
+        ids: list[tuple[str, int]], changed: Any,
     ) -> None:
-        # The recorder's own INSERT, in one executemany: its application
-        # recorder loops to fetch row ids the ledger does not need (positions
-        # are the stream's versions), and its aggregate recorder formats the
-        # stream's UUID again for every row.
-        cursor.executemany(
-            self.recorder.insert_events_statement,
-            [(self.stream, e.originator_version, e.topic, e.state) for e in events],
-        )
-        cursor.executemany("INSERT INTO event_hashes (position, hash) VALUES (?, ?)", hashes)
-        if ids:
-            cursor.executemany("INSERT INTO event_ids (id, position) VALUES (?, ?)", ids)
-        rows.write_changes(cursor, sql, changes)  # the decision tables are the projection tables
+        # Into the recorder's table, a statement per table (``sqlite_writes``):
+        # its application recorder loops to fetch row ids the ledger does not
+        # need (positions are the stream's versions), and its aggregate
+        # recorder formats the stream's UUID again for every row.
+        sqlite_writes.write_events(
+            cursor, self.recorder.events_table_name, self.stream, events, hashes, ids)
+        # the decision tables are the projection tables
+        sqlite_writes.write_rows(cursor, self._statements(sql.prefix), changed)
+
+    def _statements(self, prefix: str) -> sqlite_writes.BatchStatements:
+        statements = self._batch_statements.get(prefix)
+        if statements is None:
+            statements = self._batch_statements[prefix] = sqlite_writes.BatchStatements(prefix)
+        return statements
 
     def read_log(self, after: int, upto: int | None = None) -> Iterator[LoggedEvent]:
         """Kept events in order, a page per read transaction.

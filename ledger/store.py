@@ -71,6 +71,7 @@ class Store(Protocol):
     param: str
     state_prefix: str  # tables the writer decides against ("" = the projection tables)
     projects_inline: bool  # whether writers also keep the projection tables
+    overlaps: bool  # whether ``submit_batches`` decides a batch while the last one commits
 
     def decide(self, batch: list[dict[str, Any]], decider: Decider) -> list[Receipt]:
         """Have ``decider.decide(cursor, batch)`` run in a write transaction and
@@ -94,12 +95,13 @@ class Store(Protocol):
 
     def write_kept(
         self, cursor: Any, sql: Any, events: list[StoredEvent], hashes: list[tuple[int, str]],
-        ids: list[tuple[str, int]], changes: Any,
+        ids: list[tuple[str, int]], changed: Any,
     ) -> None:
         """A decided batch's writes, as this database does them fastest: the
         stored events (through the library's recorder's table) with their chain
         hashes and client ids, and the rows they changed in the tables writers
-        decide against."""
+        decide against (``projections.rows.changed_rows``, built when the
+        batch was decided: the entities themselves change on with the next)."""
 
     def hash_at(self, cursor: Any, position: int) -> str | None:
         """The chain hash kept for a position."""

@@ -158,13 +158,17 @@ class TableSource:
         return {row[0] for row in self.cursor.fetchall()}
 
 
-def changed_rows(changes: Changes, keep_logs: bool = True) -> list[tuple[str, list[tuple[Any, ...]]]]:
+ChangedRows = list[tuple[str, list[tuple[Any, ...]]]]  # (statement name, its rows)
+LOGS = ("insert_state", "insert_rejection")  # statements of the logs kept for reporting
+
+
+def changed_rows(changes: Changes) -> ChangedRows:
     """The rows each ``Statements`` statement (by attribute name) writes for
     what the domain changed; a node changed by heartbeats alone is
-    ``(at, position, node)`` for ``heartbeat``; ``keep_logs=False`` leaves out
-    the logs kept only for reporting (alloc states, rejections)."""
+    ``(at, position, node)`` for ``heartbeat``. Built as the rows are at the
+    time: the entities go on changing."""
     beats = changes.beats
-    found: list[tuple[str, list[tuple[Any, ...]]]] = [
+    return [
         ("upsert_node", [node_row(n) for n in changes.nodes if n.node not in beats]),
         (
             "heartbeat",
@@ -175,17 +179,13 @@ def changed_rows(changes: Changes, keep_logs: bool = True) -> list[tuple[str, li
         ("upsert_alloc", [alloc_row(a) for a in changes.allocs]),
         ("delete_address", [(a,) for a in changes.released]),
         ("upsert_address", [address_row(h) for h in changes.held]),
-    ]
-    if keep_logs:
-        found.append(
-            ("insert_state", [(s.alloc, s.position, s.value, s.at) for s in changes.alloc_states])
-        )
-        found.append((
+        ("insert_state", [(s.alloc, s.position, s.value, s.at) for s in changes.alloc_states]),
+        (
             "insert_rejection",
             [(r.position, r.type, r.entity, r.reason, json.dumps(r.event), r.at)
              for r in changes.rejections],
-        ))
-    return found
+        ),
+    ]
 
 
 def write_changes(cursor: Any, sql: Statements, changes: Changes) -> None:

@@ -1,0 +1,122 @@
+"""SQLite writes a batch as one statement per table.
+
+A statement's rows travel as one JSON document, an array of row arrays that
+orjson writes in C, and SQLite reads them with ``json_each``. The point is
+the GIL, not the statement count: ``executemany`` takes the GIL back after
+every row it steps, while one statement steps all of a table's rows in one
+``sqlite3_step``, without it. So a bulk submit can write and commit one
+batch in a thread while the main thread decides the next
+(``ledger.pipeline``); with ``executemany`` the two threads convoy on the
+GIL and the overlap is lost.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import orjson
+from eventsourcing.persistence import StoredEvent
+
+from ledger.domain import Changes
+from projections.rows import (
+    ADDRESS_COLUMNS,
+    ALLOC_COLUMNS,
+    NODE_COLUMNS,
+    SLOT_COLUMNS,
+    ChangedRows,
+    changed_rows,
+)
+
+Rows = Sequence[Sequence[Any]]
+
+
+def picked(count: int) -> str:
+    """The columns of a row of the JSON parameter, as ``json_each`` gives it."""
+    return ", ".join(f"json_extract(value, '$[{i}]')" for i in range(count))
+
+
+def inserted(table: str, columns: str) -> str:
+    names = [c.strip() for c in columns.split(",")]
+    return (
+        f"INSERT INTO {table} ({', '.join(names)}) "
+        f"SELECT {picked(len(names))} FROM json_each(?) WHERE true"  # WHERE: see ON CONFLICT
+    )
+
+
+def upsert(table: str, columns: str, keys: str) -> str:
+    key_names = {k.strip() for k in keys.split(",")}
+    updates = ", ".join(
+        f"{c} = excluded.{c}" for c in (n.strip() for n in columns.split(",")) if c not in key_names
+    )
+    return f"{inserted(table, columns)} ON CONFLICT ({keys}) DO UPDATE SET {updates}"
+
+
+def as_json(rows: Rows) -> bytes:
+    """The parameter of a statement of this module."""
+    return orjson.dumps(rows)
+
+
+class BatchStatements:
+    """The statements of ``projections.rows.Statements`` (by the same names)
+    for one table prefix, each writing every row of a batch at once."""
+
+    def __init__(self, prefix: str) -> None:
+        t = prefix
+        self.upsert_node = upsert(f"{t}nodes", NODE_COLUMNS, "node")
+        self.heartbeat = (
+            f"UPDATE {t}nodes SET last_heartbeat_at = u.at, last_heartbeat_position = u.position "
+            "FROM (SELECT json_extract(value, '$[0]') AS at, json_extract(value, '$[1]') AS position, "
+            "json_extract(value, '$[2]') AS node FROM json_each(?)) u "
+            f"WHERE {t}nodes.node = u.node"
+        )
+        self.upsert_slot = upsert(f"{t}slots", SLOT_COLUMNS, "node, slot")
+        self.upsert_alloc = upsert(f"{t}allocations", ALLOC_COLUMNS, "alloc")
+        self.upsert_address = upsert(f"{t}addresses", ADDRESS_COLUMNS, "address")
+        self.delete_address = (
+            f"DELETE FROM {t}addresses WHERE address IN "
+            "(SELECT json_extract(value, '$[0]') FROM json_each(?))"
+        )
+        self.insert_state = inserted(f"{t}alloc_states", "alloc, position, value, at")
+        self.insert_rejection = inserted(
+            f"{t}rejections", "position, type, entity, reason, event, at")
+
+
+INSERT_HASHES = inserted("event_hashes", "position, hash")
+INSERT_IDS = inserted("event_ids", "id, position")
+
+
+def insert_events(table: str) -> str:
+    """A batch of one stream's stored events into the recorder's table (its
+    columns); a state is JSON text, carried as a JSON string and stored as
+    the same bytes."""
+    return (
+        f"INSERT INTO {table} (originator_id, originator_version, topic, state) "
+        "SELECT ?, json_extract(value, '$[0]'), json_extract(value, '$[1]'), "
+        "CAST(json_extract(value, '$[2]') AS BLOB) FROM json_each(?)"
+    )
+
+
+def write_changes(cursor: Any, statements: BatchStatements, changes: Changes) -> None:
+    """``projections.rows.write_changes``, one statement per table with rows."""
+    write_rows(cursor, statements, changed_rows(changes))
+
+
+def write_rows(cursor: Any, statements: BatchStatements, changed: ChangedRows) -> None:
+    """Rows ``changed_rows`` built, one statement per table with rows."""
+    for name, rows in changed:
+        if rows:
+            cursor.execute(getattr(statements, name), (as_json(rows),))
+
+
+def write_events(
+    cursor: Any, table: str, stream: str, events: Sequence[StoredEvent], hashes: Rows, ids: Rows
+) -> None:
+    """Stored events of one stream, their chain hashes and client ids."""
+    cursor.execute(
+        insert_events(table),
+        (stream, as_json([(e.originator_version, e.topic, e.state.decode()) for e in events])),
+    )
+    cursor.execute(INSERT_HASHES, (as_json(hashes),))
+    if ids:
+        cursor.execute(INSERT_IDS, (as_json(ids),))

@@ -1,0 +1,139 @@
+"""``Ledger.submit_batches`` on SQLite: the next batch is decided while the
+last one is written and committed in a thread (``ledger.pipeline``).
+
+Each test forces the overlap that matters: a write that waits, so that the
+next batch is decided before it; a rival writer that appends between two
+batches; a stream its reader stops early; a write that fails.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from ledger.application import Ledger
+from ledger.errors import StoreUnavailable
+from projections.replay import replay
+
+SETUP = [
+    {"type": "node-registered", "node": "n1", "slots": 2},
+    {"type": "heartbeat", "node": "n1"},
+    {"type": "alloc-placed", "alloc": "a1", "node": "n1", "slot": 0, "max_disconnect": 60},
+]
+
+
+def open_ledger(tmp_path: Path) -> Ledger:
+    ledger = Ledger.open(f"sqlite:///{tmp_path / 'ledger.db'}")
+    assert ledger.store.overlaps
+    return ledger
+
+
+def slow_writes(ledger: Ledger, fail_on: int | None = None) -> list[int]:
+    """Each batch's write waits 50 ms (the next batch is decided meanwhile);
+    the ``fail_on``-th write fails as a full disk would (once). Returns the
+    heads written."""
+    written: list[int] = []
+    calls = iter(range(1, 1 << 30))
+    write = ledger.store.write_kept
+
+    def waiting(cursor: Any, sql: Any, events: list[Any], *rest: Any) -> None:
+        time.sleep(0.05)
+        if next(calls) == fail_on:
+            raise StoreUnavailable("store: database or disk is full")
+        write(cursor, sql, events, *rest)
+        written.append(events[-1].originator_version)
+
+    ledger.store.write_kept = waiting  # type: ignore[method-assign]
+    return written
+
+
+def statuses(batches: Iterator[list[Any]]) -> list[list[str]]:
+    return [[r.status for r in receipts] for receipts in batches]
+
+
+def test_each_batch_writes_its_rows_as_decided_though_the_next_is_decided_first(
+    tmp_path: Path,
+) -> None:
+    with open_ledger(tmp_path) as ledger:
+        written = slow_writes(ledger, fail_on=3)
+        batches = [
+            SETUP,
+            [{"type": "heartbeat", "node": "n1"},
+             {"type": "alloc-updated", "alloc": "a1", "client_status": "running"}],
+            [{"type": "heartbeat-missed", "node": "n1"},  # a1 goes unknown, n1 disconnected
+             {"type": "alloc-updated", "alloc": "a1", "client_status": "complete"}],
+        ]
+        seen: list[list[str]] = []
+        with pytest.raises(StoreUnavailable):
+            for receipts in ledger.submit_batches(batches):
+                seen.append([r.status for r in receipts])
+        assert seen == [["appended"] * 3, ["appended"] * 2]
+        assert written == [3, 5]  # the third batch, decided ahead, was never written
+        report = replay(ledger.store)  # the tables hold exactly what the log says
+        assert report.ok and report.position == 5, report.differences[:3]
+        assert ledger.submit({"type": "heartbeat", "node": "n1"}).position == 6
+
+
+def test_a_rival_append_between_batches_is_decided_against(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'ledger.db'}"
+    with open_ledger(tmp_path) as ledger, Ledger.open(url) as rival:
+        slow_writes(ledger)
+        rival_receipts = []
+
+        def batches() -> Iterator[list[dict[str, Any]]]:
+            yield SETUP
+            # taken while the first batch commits: once it has, the rival
+            # appends, before the next batch (decided ahead on what this
+            # process knows) is written
+            while True:
+                with rival.store.reading() as cursor:
+                    if rival.store.head(cursor) == len(SETUP):
+                        break
+                time.sleep(0.005)
+            rival_receipts.append(rival.submit(
+                {"type": "alloc-placed", "alloc": "r1", "node": "n1", "slot": 1}))
+            yield [{"type": "alloc-placed", "alloc": "b1", "node": "n1", "slot": 1},
+                   {"type": "heartbeat", "node": "n1"}]
+
+        seen = statuses(ledger.submit_batches(batches()))
+        assert [r.status for r in rival_receipts] == ["appended"], rival_receipts
+        assert seen == [["appended"] * 3, ["rejected", "appended"]]
+        report = replay(ledger.store)
+        assert report.ok and report.position == 6, report.differences[:3]
+
+
+def test_a_stream_read_no_further_writes_nothing_more_and_forgets_what_was_ahead(
+    tmp_path: Path,
+) -> None:
+    with open_ledger(tmp_path) as ledger:
+        slow_writes(ledger)
+        stream = ledger.submit_batches([
+            SETUP,
+            [{"type": "node-registered", "node": "x", "slots": 1}],  # decided ahead only
+            [{"type": "heartbeat", "node": "n1"}],
+        ])
+        assert [r.status for r in next(stream)] == ["appended"] * 3
+        stream.close()
+        with ledger.store.reading() as cursor:
+            assert ledger.store.head(cursor) == 3
+        late = ledger.submit({"type": "heartbeat", "node": "x"})
+        assert late.status == "rejected" and "x" in (late.error or "")
+        report = replay(ledger.store)
+        assert report.ok and report.position == 4, report.differences[:3]
+
+
+def test_receipts_come_only_once_their_batch_is_committed(tmp_path: Path) -> None:
+    with open_ledger(tmp_path) as ledger:
+        written = slow_writes(ledger)
+        committed: list[int] = []
+        for receipts in ledger.submit_batches(
+            [SETUP, [{"type": "heartbeat", "node": "n1"}] * 3, [{"type": "heartbeat", "node": "n1"}]]
+        ):
+            committed.append(receipts[-1].position or 0)
+            with Ledger.open(ledger.store.url) as reader, reader.store.reading() as cursor:
+                assert reader.store.head(cursor) >= committed[-1]  # durable, seen by another
+        assert committed == written == [3, 6, 7]
