@@ -14,8 +14,6 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, Self
 
-from eventsourcing.persistence import StoredEvent
-
 from ledger import events, pipeline
 from ledger.chain import GENESIS, link
 from ledger.collection import fewer_collections
@@ -23,7 +21,7 @@ from ledger.domain import AlreadyPlaced, Cluster, touched_by
 from ledger.errors import InvalidEvent, LedgerError, RuleViolation
 from ledger.model import Event, Fact, Receipt, timestamp
 from ledger.records import REJECTED, Record, encode
-from ledger.store import Store, open_store
+from ledger.store import LoggedEvent, Store, open_store
 from projections.projector import Projector
 from projections.rows import ChangedRows, Statements, TableSource, changed_rows
 
@@ -42,7 +40,7 @@ class Decided:
     head: int
     batch: list[Event]
     receipts: list[Receipt]
-    kept: list[StoredEvent]
+    kept: list[LoggedEvent]
     hashes: list[tuple[int, str]]
     new_ids: list[tuple[str, int]]
     changed: ChangedRows  # the rows it changed, as decided (the entities change on)
@@ -248,7 +246,7 @@ class Ledger:
         named = set(touched_by(data))
         return sorted({t for t in touches if t not in named})
 
-    def _chain(self, cursor: Any, after: int, kept: list[StoredEvent]) -> list[tuple[int, str]]:
+    def _chain(self, cursor: Any, after: int, kept: list[LoggedEvent]) -> list[tuple[int, str]]:
         previous = self._hash_at(cursor, after)
         hashes = []
         for stored in kept:

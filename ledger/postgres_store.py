@@ -42,7 +42,7 @@ from ledger.postgres_handoff import TABLES as HANDOFF_TABLES
 from ledger.postgres_handoff import Handoff
 from ledger.postgres_preload import KNOWN_IDS, Preload, known_ids, named_by, not_cached
 from ledger.postgres_writes import BatchStatements, LogRecorder
-from ledger.store import LEDGER_STREAM, PROJECTIONS, Decider, decide_here
+from ledger.store import LEDGER_STREAM, PROJECTIONS, Decider, LoggedEvent, decide_here
 from projections import tables
 from projections.rows import ChangedRows, Statements
 
@@ -371,12 +371,13 @@ class PostgresStore:
         return int(last or 0)
 
     def write_kept(
-        self, cursor: Any, sql: Any, events: list[StoredEvent], hashes: list[tuple[int, str]],
+        self, cursor: Any, sql: Any, events: list[LoggedEvent], hashes: list[tuple[int, str]],
         ids: list[tuple[str, int]], changed: ChangedRows,
     ) -> None:
         """In one statement (``postgres_writes.write_kept``)."""
         postgres_writes.write_kept(
-            cursor, self._statements(sql.prefix), self.recorder, events, hashes, ids, changed)
+            cursor, self._statements(sql.prefix), self.recorder, self.stream, events, hashes, ids,
+            changed)
         self._local.last = None
 
     def hash_at(self, cursor: Any, position: int) -> str | None:

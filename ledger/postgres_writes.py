@@ -16,11 +16,11 @@ from collections.abc import Sequence
 from typing import Any
 
 import orjson
-from eventsourcing.persistence import StoredEvent
 from eventsourcing.postgres import PostgresProcessRecorder
 from psycopg import sql
 
 from ledger.domain import Changes
+from ledger.store import LoggedEvent
 from projections import tables
 from projections.rows import (
     ADDRESS_COLUMNS,
@@ -131,10 +131,10 @@ def write_changes(cursor: Any, statements: BatchStatements, changes: Changes) ->
 
 
 def write_kept(
-    cursor: Any, statements: BatchStatements, recorder: LogRecorder,
-    events: Sequence[StoredEvent], hashes: Rows, ids: Rows, changed: ChangedRows,
+    cursor: Any, statements: BatchStatements, recorder: LogRecorder, stream: Any,
+    events: Sequence[LoggedEvent], hashes: Rows, ids: Rows, changed: ChangedRows,
 ) -> None:
-    """Append stored events (one stream's) with their chain hashes and client
+    """Append stored events of ``stream`` with their chain hashes and client
     ids, write the decision rows they changed (not the logs kept for
     reporting: alloc states, rejections), and notify the log's followers, in
     one statement (``together``); the caller holds the log's lock."""
@@ -143,7 +143,7 @@ def write_kept(
     cursor.execute(
         statements.together([name for name, _ in changed], first, "pg_notify(%s, '')"),
         [
-            one_stream(events),
+            stream,
             as_json([(e.originator_version, e.topic, e.state.decode()) for e in events]),
             as_json(hashes),
             as_json(ids),
@@ -151,14 +151,6 @@ def write_kept(
             recorder.channel_name,
         ],
     )
-
-
-def one_stream(events: Sequence[StoredEvent]) -> Any:
-    """The one stream every event of the ledger belongs to (``originator_id``)."""
-    streams = {e.originator_id for e in events}
-    if len(streams) != 1:
-        raise ValueError(f"stored events of {len(streams)} streams in one insert")
-    return streams.pop()
 
 
 class LogRecorder(PostgresProcessRecorder):

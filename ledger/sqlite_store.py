@@ -14,7 +14,7 @@ from contextlib import contextmanager
 from functools import partial
 from typing import Any
 
-from eventsourcing.persistence import PersistenceError, StoredEvent, Tracking
+from eventsourcing.persistence import PersistenceError, Tracking
 from eventsourcing.sqlite import SQLiteDatastore, SQLiteProcessRecorder
 
 from ledger import sqlite_writes
@@ -164,7 +164,7 @@ class SQLiteStore:
         sqlite_writes.write_changes(cursor, self._statements(sql.prefix), changes)
 
     def write_kept(
-        self, cursor: Any, sql: Any, events: list[StoredEvent], hashes: list[tuple[int, str]],
+        self, cursor: Any, sql: Any, events: list[LoggedEvent], hashes: list[tuple[int, str]],
         ids: list[tuple[str, int]], changed: Any,
     ) -> None:
         # Into the recorder's table, a statement per table (``sqlite_writes``):

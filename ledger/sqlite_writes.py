@@ -16,9 +16,9 @@ from collections.abc import Sequence
 from typing import Any
 
 import orjson
-from eventsourcing.persistence import StoredEvent
 
 from ledger.domain import Changes
+from ledger.store import LoggedEvent
 from projections.rows import (
     ADDRESS_COLUMNS,
     ALLOC_COLUMNS,
@@ -110,7 +110,7 @@ def write_rows(cursor: Any, statements: BatchStatements, changed: ChangedRows) -
 
 
 def write_events(
-    cursor: Any, table: str, stream: str, events: Sequence[StoredEvent], hashes: Rows, ids: Rows
+    cursor: Any, table: str, stream: str, events: Sequence[LoggedEvent], hashes: Rows, ids: Rows
 ) -> None:
     """Stored events of one stream, their chain hashes and client ids."""
     cursor.execute(

@@ -94,7 +94,7 @@ class Store(Protocol):
         """The position of the last event in the log (0 when empty)."""
 
     def write_kept(
-        self, cursor: Any, sql: Any, events: list[StoredEvent], hashes: list[tuple[int, str]],
+        self, cursor: Any, sql: Any, events: list[LoggedEvent], hashes: list[tuple[int, str]],
         ids: list[tuple[str, int]], changed: Any,
     ) -> None:
         """A decided batch's writes, as this database does them fastest: the
