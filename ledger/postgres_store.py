@@ -407,6 +407,9 @@ class PostgresStore:
     def write_changes(self, cursor: Any, sql: Any, changes: Any) -> None:
         postgres_writes.write_changes(cursor, self._statements(sql.prefix), changes)
 
+    def write_rows(self, cursor: Any, sql: Any, changed: ChangedRows) -> None:
+        postgres_writes.write_rows(cursor, self._statements(sql.prefix), changed)
+
     def _statements(self, prefix: str) -> BatchStatements:
         statements = self._batch_statements.get(prefix)
         if statements is None:

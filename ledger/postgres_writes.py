@@ -122,7 +122,11 @@ class BatchStatements:
 
 def write_changes(cursor: Any, statements: BatchStatements, changes: Changes) -> None:
     """``projections.rows.write_changes`` in one statement (``together``)."""
-    changed = changed_rows(changes)
+    write_rows(cursor, statements, changed_rows(changes))
+
+
+def write_rows(cursor: Any, statements: BatchStatements, changed: ChangedRows) -> None:
+    """Rows ``changed_rows`` built, in one statement (``together``)."""
     if any(rows for _, rows in changed):
         cursor.execute(
             statements.together([name for name, _ in changed]),

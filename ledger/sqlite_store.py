@@ -163,6 +163,9 @@ class SQLiteStore:
     def write_changes(self, cursor: Any, sql: Any, changes: Any) -> None:
         sqlite_writes.write_changes(cursor, self._statements(sql.prefix), changes)
 
+    def write_rows(self, cursor: Any, sql: Any, changed: Any) -> None:
+        sqlite_writes.write_rows(cursor, self._statements(sql.prefix), changed)
+
     def write_kept(
         self, cursor: Any, sql: Any, events: list[LoggedEvent], hashes: list[tuple[int, str]],
         ids: list[tuple[str, int]], changed: Any,

@@ -119,6 +119,10 @@ class Store(Protocol):
         """Write the rows the domain changed (``projections.rows.write_changes``
         semantics), in the caller's transaction, as this database does it fastest."""
 
+    def write_rows(self, cursor: Any, sql: Any, changed: Any) -> None:
+        """``write_changes`` of the rows ``projections.rows.changed_rows`` built
+        (at the time: the entities may change on meanwhile)."""
+
     def read_log(self, after: int, upto: int | None = None) -> Iterator[Kept]:
         """Stored events after a position, in order, read page by page."""
 

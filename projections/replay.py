@@ -22,17 +22,19 @@ from __future__ import annotations
 import json
 import secrets
 import time
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from ledger.collection import fewer_collections
 from ledger.domain import Cluster
 from ledger.errors import LedgerError
+from ledger.pipeline import prompt_switches
 from ledger.records import Progress, replay_log
 from ledger.store import Store
 from projections import tables
 from projections.asof import AsOf, rebuild
-from projections.rows import Statements, TableSource
+from projections.rows import ChangedRows, Statements, TableSource, changed_rows
 
 CHUNK = 50_000  # events replayed per transaction (SQLite writers wait for each)
 
@@ -122,6 +124,9 @@ class Scratch:
 
     @fewer_collections()
     def replay_to(self, target: int) -> None:
+        if self.store.overlaps:
+            self._replay_overlapped(target)
+            return
         while self.position < target:
             end = min(target, self.position + CHUNK)
             started = time.perf_counter()
@@ -131,6 +136,42 @@ class Scratch:
                 self.store.write_changes(cursor, self.sql, self.cluster.take_changes())
             self.position = end
             self.seconds += time.perf_counter() - started
+
+    def _replay_overlapped(self, target: int) -> None:
+        """``replay_to``, each chunk's rows written and committed in a thread
+        while the next chunk replays (``ledger.pipeline``). Every entity is
+        kept in memory from the first chunk on, so what a chunk loads from
+        the scratch tables (committed only) is what no chunk has written."""
+        started = time.perf_counter()
+        with (
+            prompt_switches(),
+            ThreadPoolExecutor(1, thread_name_prefix="alloc-ledger-scratch") as writer,
+        ):
+            writing: Future[None] | None = None
+            try:
+                while self.position < target:
+                    end = min(target, self.position + CHUNK)
+                    with self.store.reading() as cursor:
+                        self.source.cursor = cursor
+                        replay_log(
+                            self.cluster, self.store.read_log(self.position, end),
+                            Progress(self.position),
+                        )
+                    changed = changed_rows(self.cluster.take_changes())
+                    if writing is not None:
+                        writing.result()
+                    writing = writer.submit(self._write, changed)
+                    self.position = end
+                if writing is not None:
+                    writing.result()
+            finally:
+                if writing is not None:
+                    writing.cancel()  # if it runs already, the executor waits for it
+        self.seconds += time.perf_counter() - started
+
+    def _write(self, changed: ChangedRows) -> None:
+        with self.store.projecting() as cursor:
+            self.store.write_rows(cursor, self.sql, changed)
 
 
 def replay(store: Store, to: int | None = None) -> ReplayReport:

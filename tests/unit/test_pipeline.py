@@ -17,7 +17,9 @@ import pytest
 
 from ledger.application import Ledger
 from ledger.errors import StoreUnavailable
+from projections import replay as replay_module
 from projections.replay import replay
+from scripts.simulate import generate
 
 SETUP = [
     {"type": "node-registered", "node": "n1", "slots": 2},
@@ -137,3 +139,24 @@ def test_receipts_come_only_once_their_batch_is_committed(tmp_path: Path) -> Non
             with Ledger.open(ledger.store.url) as reader, reader.store.reading() as cursor:
                 assert reader.store.head(cursor) >= committed[-1]  # durable, seen by another
         assert committed == written == [3, 6, 7]
+
+
+def test_a_replay_writes_each_chunk_while_the_next_replays_and_matches_the_live_tables(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(replay_module, "CHUNK", 37)  # many chunks, each written in a thread
+    with open_ledger(tmp_path) as ledger:
+        receipts = list(ledger.submit_many(generate(600, nodes=6, slots=3, seed=8), batch=50))
+        head = max(r.position or 0 for r in receipts)
+        write = ledger.store.write_rows
+        chunks: list[int] = []
+
+        def waiting(cursor: Any, sql: Any, changed: Any) -> None:
+            time.sleep(0.01)  # the next chunk replays meanwhile
+            write(cursor, sql, changed)
+            chunks.append(sum(len(rows) for _, rows in changed))
+
+        ledger.store.write_rows = waiting  # type: ignore[method-assign]
+        report = replay(ledger.store)
+        assert report.ok and report.position == head, report.differences[:3]
+        assert len(chunks) == -(-head // 37)
