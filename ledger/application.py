@@ -33,10 +33,11 @@ CACHE_LIMIT = 200_000  # entities a writer keeps in memory between batches
 
 @dataclass(frozen=True, slots=True)
 class Decided:
-    """A batch decided in memory and not written yet: after position ``after``,
-    up to ``head``."""
+    """A batch decided in memory and not written yet: after position ``after``
+    (whose chain hash is ``base``), up to ``head``."""
 
     after: int
+    base: str
     head: int
     batch: list[Event]
     receipts: list[Receipt]
@@ -148,10 +149,14 @@ class Ledger:
 
     def write_ahead(self, cursor: Any, decided: Decided) -> list[Receipt]:
         """Write a batch ``decide_ahead`` decided, in the caller's transaction,
-        which holds the log's lock; decide it again if another writer appended
-        since (its receipts are then those of the new decision)."""
+        which holds the log's lock; decide it again unless the log ends where
+        it was decided after (another writer appended since, or the batch
+        before it was decided again or dropped): its receipts are then those
+        of the new decision. The position alone would not tell: a batch
+        decided again may end at the same position over other events."""
         with self._deciding:
-            if self.store.head(cursor) != decided.after:
+            head = self.store.head(cursor)
+            if head != decided.after or not self._kept_hash_is(cursor, head, decided.base):
                 self.forget()
                 return self._decide(cursor, decided.batch)
         # What it writes was decided and is not changed by what is decided
@@ -169,8 +174,12 @@ class Ledger:
 
     def _decide(self, cursor: Any, batch: list[Event], inline: bool | None = None) -> list[Receipt]:
         head = self.store.head(cursor)
-        if head != self._head:
-            self.forget()  # another process wrote since we last did
+        last = self._last_hash
+        if (
+            head != self._head or last is None or last[0] != head
+            or not self._kept_hash_is(cursor, head, last[1])
+        ):
+            self.forget()  # another process wrote since we last did, or ours went otherwise
         decided = self._decide_in_memory(cursor, batch, head)
         self._write(cursor, decided, inline)
         if self.cluster.size() > CACHE_LIMIT:
@@ -181,6 +190,7 @@ class Ledger:
         """Decide a batch after position ``head`` against the caches, loading
         what they miss through ``cursor``; nothing is written."""
         after = head
+        base = self._hash_at(cursor, after)
         self.source.cursor = cursor
         self.store.preload(cursor, self.sql, self.cluster, batch)
         ids = [e["id"] for e in batch if "id" in e]
@@ -212,13 +222,12 @@ class Ledger:
                 receipts.append(Receipt("rejected", head, record.reason))
             else:
                 receipts.append(Receipt("appended", head))
-        hashes = self._chain(cursor, after, kept) if kept else []
+        hashes = self._chain(base, kept)
         changed = changed_rows(self.cluster.take_changes()) if kept else []
         self._head = head
-        if hashes:
-            self._last_hash = hashes[-1]
+        self._last_hash = hashes[-1] if hashes else (after, base)
         self._recent_ids = dict(new_ids)
-        return Decided(after, head, batch, receipts, kept, hashes, new_ids, changed)
+        return Decided(after, base, head, batch, receipts, kept, hashes, new_ids, changed)
 
     def _write(self, cursor: Any, decided: Decided, inline: bool | None) -> None:
         if decided.kept:
@@ -246,8 +255,8 @@ class Ledger:
         named = set(touched_by(data))
         return sorted({t for t in touches if t not in named})
 
-    def _chain(self, cursor: Any, after: int, kept: list[LoggedEvent]) -> list[tuple[int, str]]:
-        previous = self._hash_at(cursor, after)
+    @staticmethod
+    def _chain(previous: str, kept: list[LoggedEvent]) -> list[tuple[int, str]]:
         hashes = []
         for stored in kept:
             previous = link(previous, stored.originator_version, stored.topic, stored.state)
@@ -264,6 +273,12 @@ class Ledger:
         if found is None:
             raise LedgerError(f"the hash chain has no entry for position {position}")
         return found
+
+    def _kept_hash_is(self, cursor: Any, position: int, chain_hash: str) -> bool:
+        """Whether the hash kept for ``position`` (the head just read) is
+        ``chain_hash``: the hash covers every event up to it."""
+        kept = GENESIS if position == 0 else self.store.hash_at(cursor, position)
+        return kept == chain_hash
 
     def _project_inline(self, cursor: Any, head: int, inline: bool | None) -> None:
         """The projection tables follow in the same transaction: on SQLite they

@@ -18,6 +18,7 @@ the error ends the stream.
 from __future__ import annotations
 
 import sys
+import threading
 from collections.abc import Iterable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
@@ -47,22 +48,33 @@ def prompt_switches() -> Iterator[None]:
 
 
 class InFlight:
-    """A batch handed to the writer thread: its parsed items and the future
-    of its receipts (for the valid ones)."""
+    """A batch handed to the writer thread: its parsed items, the future of
+    its receipts (for the valid ones) and whether it has been decided."""
 
-    def __init__(self, parsed: list[Event | Receipt], receipts: Future[list[Receipt]] | None) -> None:
+    def __init__(self, parsed: list[Event | Receipt]) -> None:
         self.parsed = parsed
-        self.receipts = receipts
+        self.receipts: Future[list[Receipt]] | None = None
+        self.decided = threading.Event()  # what is decided next builds on it
 
     def result(self) -> list[Receipt]:
         """Every item's receipt, once the batch is committed (raise if it failed)."""
         answers = iter(self.receipts.result() if self.receipts is not None else ())
         return [p if isinstance(p, Receipt) else next(answers) for p in self.parsed]
 
+    def outcome(self) -> list[Receipt] | None:
+        """``result()``, or None if the batch failed."""
+        try:
+            return self.result()
+        except Exception:  # noqa: BLE001 - the caller raises its own error
+            return None
+
 
 def overlapped(ledger: Ledger, batches: Iterable[list[Any]]) -> Iterator[list[Receipt]]:
     """Each batch's receipts, in order, each once its batch is committed;
-    every batch but the first is decided while the one before it commits."""
+    every batch but the first is decided while the one before it commits.
+    If this thread fails (the input, a read, an interrupt) while a batch is in
+    flight, that batch's receipts still come once it is committed, then the
+    error."""
     finished = False
     try:
         with (
@@ -77,32 +89,46 @@ def overlapped(ledger: Ledger, batches: Iterable[list[Any]]) -> Iterator[list[Re
                     valid = [p for p in parsed if not isinstance(p, Receipt)]
                     ahead = None
                     if valid and flying is not None:
+                        flying.decided.wait()
                         with ledger.store.reading() as cursor:
                             ahead = ledger.decide_ahead(cursor, valid)
                     if flying is not None:
-                        yield flying.result()
-                    flying = InFlight(
-                        parsed, writer.submit(_write, ledger, valid, ahead) if valid else None)
+                        reported, flying = flying, None
+                        yield reported.result()
+                    flying = InFlight(parsed)
+                    if ahead is not None or not valid:
+                        flying.decided.set()  # else the writer thread decides it, then sets it
+                    if valid:
+                        flying.receipts = writer.submit(_write, ledger, valid, ahead, flying)
                 if flying is not None:
-                    yield flying.result()
-                    flying = None
+                    reported, flying = flying, None
+                    yield reported.result()
                 finished = True
-            finally:
-                if flying is not None and flying.receipts is not None:
-                    flying.receipts.cancel()  # if it runs already, the executor waits for it
+            except BaseException:
+                # At a ``yield`` nothing is in flight (a reader stopping is not
+                # this): the error is this thread's, or the batch in flight's.
+                if flying is not None and (done := flying.outcome()) is not None:
+                    flying = None
+                    yield done
+                raise
     finally:
         if not finished:
             ledger.forget()  # what was decided ahead of a failure, or of an unread stream
 
 
-def _write(ledger: Ledger, batch: list[Event], ahead: Decided | None) -> list[Receipt]:
+def _write(
+    ledger: Ledger, batch: list[Event], ahead: Decided | None, flying: InFlight
+) -> list[Receipt]:
     """In the writer thread: write a batch decided ahead (or decide it now)
     and commit."""
     store = ledger.store
     try:
         with store.writing() as cursor:
             if ahead is None:
-                return ledger.decide(cursor, batch)
+                try:
+                    return ledger.decide(cursor, batch)
+                finally:
+                    flying.decided.set()
             return ledger.write_ahead(cursor, ahead)
     except BaseException:
         ledger.forget()

@@ -8,6 +8,8 @@ batches; a stream its reader stops early; a write that fails.
 
 from __future__ import annotations
 
+import sqlite3
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -16,6 +18,7 @@ from typing import Any
 import pytest
 
 from ledger.application import Ledger
+from ledger.chain import verify
 from ledger.errors import StoreUnavailable
 from projections import replay as replay_module
 from projections.replay import replay
@@ -160,3 +163,66 @@ def test_a_replay_writes_each_chunk_while_the_next_replays_and_matches_the_live_
         report = replay(ledger.store)
         assert report.ok and report.position == head, report.differences[:3]
         assert len(chunks) == -(-head // 37)
+
+
+def hold_write_lock(path: Path, seconds: float) -> threading.Thread:
+    """Another connection holds the write lock for a while (in a thread)."""
+    def hold() -> None:
+        holder = sqlite3.connect(path, isolation_level=None)
+        holder.execute("BEGIN IMMEDIATE")
+        time.sleep(seconds)
+        holder.execute("COMMIT")
+        holder.close()
+
+    thread = threading.Thread(target=hold)
+    thread.start()
+    return thread
+
+
+def test_a_batch_decided_again_does_not_let_the_next_land_on_another_history(
+    tmp_path: Path,
+) -> None:
+    """Batch 2 is decided again because a rival appended; it then keeps one
+    event less and ends at the same position as first decided. Batch 3,
+    decided ahead on batch 2's first decision, must be decided again too."""
+    url = f"sqlite:///{tmp_path / 'ledger.db'}"
+    with open_ledger(tmp_path) as ledger, Ledger.open(url) as rival:
+        ledger.submit_batch(SETUP)
+        batches = [
+            [{"type": "heartbeat", "node": "n1"}],
+            [{"type": "heartbeat", "node": "n1", "id": "X"}, {"type": "heartbeat", "node": "n1"}],
+            [{"type": "alloc-placed", "alloc": "a2", "node": "n1", "slot": 1}],
+        ]
+        seen: list[list[str]] = []
+        holder = None
+        for receipts in ledger.submit_batches(batches):
+            seen.append([r.status for r in receipts])
+            if len(seen) == 1:  # batch 2 is decided ahead by now, on position 4
+                assert rival.submit({"type": "node-down", "node": "n1", "id": "X"}).position == 5
+                holder = hold_write_lock(tmp_path / "ledger.db", 0.3)  # batch 3 decided meanwhile
+        assert holder is not None
+        holder.join()
+        assert seen == [["appended"], ["duplicate", "appended"], ["appended"]]
+        assert verify(ledger.store).ok
+        report = replay(ledger.store)
+        assert report.ok and report.position == 7, report.differences[:3]
+
+
+def test_an_input_error_with_a_batch_in_flight_reports_that_batch_then_fails(
+    tmp_path: Path,
+) -> None:
+    with open_ledger(tmp_path) as ledger:
+        slow_writes(ledger)
+
+        def batches() -> Iterator[list[dict[str, Any]]]:
+            yield SETUP
+            yield [{"type": "heartbeat", "node": "n1"}]
+            raise OSError("the input went away")  # the second batch is in flight
+
+        seen: list[list[str]] = []
+        with pytest.raises(OSError, match="went away"):
+            for receipts in ledger.submit_batches(batches()):
+                seen.append([r.status for r in receipts])
+        assert seen == [["appended"] * 3, ["appended"]]  # committed, so reported
+        with ledger.store.reading() as cursor:
+            assert ledger.store.head(cursor) == 4
