@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 import sqlite3
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import closing, contextmanager
 from functools import partial
 from typing import Any
 
@@ -23,6 +23,7 @@ from ledger.store import LEDGER_STREAM, PROJECTIONS, Decider, LoggedEvent, decid
 from projections import tables
 
 SCHEMA_VERSION = 1
+MIN_SQLITE = (3, 33, 0)
 _LOGGED = partial(tuple.__new__, LoggedEvent)  # a row as a LoggedEvent, without _make's checks
 PAGE = 5000
 
@@ -62,6 +63,7 @@ class SQLiteStore:
         self.stream = LEDGER_STREAM.hex
         self._batch_statements: dict[str, sqlite_writes.BatchStatements] = {}
         timeout = float(options.get("timeout", "10"))
+        self._check_sqlite()
         self._check_path()
         try:
             self.datastore = SQLiteDatastore(path, lock_timeout=int(timeout) or 1)
@@ -71,6 +73,24 @@ class SQLiteStore:
             self._create_schema()
         except (PersistenceError, sqlite3.Error) as error:
             raise StoreUnavailable(f"cannot open store {url}: {describe(error)}") from None
+
+    def _check_sqlite(self) -> None:
+        """The batch writes (``sqlite_writes``) take UPDATE … FROM (3.33) and
+        the JSON functions (built in from 3.38, usually compiled in before)."""
+        found = sqlite3.sqlite_version_info
+        if found < MIN_SQLITE:
+            raise StoreUnavailable(
+                f"cannot open store {self.url}: SQLite {'.'.join(map(str, MIN_SQLITE))} or "
+                f"newer is needed; this Python uses SQLite {sqlite3.sqlite_version}"
+            )
+        try:
+            with closing(sqlite3.connect(":memory:")) as probe:
+                probe.execute("SELECT json_extract('[1]', '$[0]')")
+        except sqlite3.OperationalError:
+            raise StoreUnavailable(
+                f"cannot open store {self.url}: this Python's SQLite "
+                f"{sqlite3.sqlite_version} has no JSON functions (JSON1)"
+            ) from None
 
     def _check_path(self) -> None:
         folder = os.path.dirname(os.path.abspath(self.path))

@@ -316,6 +316,18 @@ def test_a_store_that_is_not_a_database_exits_3(tmp_path, args):
     one_line_store_error(result, f"store {url}: file is not a database")
 
 
+def test_a_python_whose_sqlite_is_too_old_exits_3(tmp_path, monkeypatch):
+    monkeypatch.setattr(sqlite3, "sqlite_version_info", (3, 31, 1))
+    monkeypatch.setattr(sqlite3, "sqlite_version", "3.31.1")
+    url = f"sqlite:///{tmp_path}/ledger.db"
+    result = invoke(store(url, "submit", "node-registered", "--node", "n1"), code=3)
+    one_line_store_error(
+        result, f"cannot open store {url}: SQLite 3.33.0 or newer is needed; "
+        "this Python uses SQLite 3.31.1"
+    )
+    assert not (tmp_path / "ledger.db").exists()
+
+
 @pytest.mark.parametrize("args", COMMANDS, ids=" ".join)
 def test_a_store_that_is_a_directory_exits_3(tmp_path, args):
     url = f"sqlite:///{tmp_path}"
