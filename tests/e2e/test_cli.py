@@ -328,6 +328,23 @@ def test_a_python_whose_sqlite_is_too_old_exits_3(tmp_path, monkeypatch):
     assert not (tmp_path / "ledger.db").exists()
 
 
+def test_a_python_whose_sqlite_has_no_json_functions_exits_3(tmp_path, monkeypatch):
+    connect = sqlite3.connect
+
+    def without_json(*args: Any, **kwargs: Any) -> sqlite3.Connection:
+        connection = connect(*args, **kwargs)
+        connection.create_function("json_extract", -1, None)  # as if not compiled in
+        return connection
+
+    monkeypatch.setattr(sqlite3, "connect", without_json)
+    url = f"sqlite:///{tmp_path}/ledger.db"
+    result = invoke(store(url, "query", "nodes"), code=3)
+    one_line_store_error(
+        result, f"cannot open store {url}: this Python's SQLite {sqlite3.sqlite_version} "
+        "has no JSON functions (JSON1)"
+    )
+
+
 @pytest.mark.parametrize("args", COMMANDS, ids=" ".join)
 def test_a_store_that_is_a_directory_exits_3(tmp_path, args):
     url = f"sqlite:///{tmp_path}"
