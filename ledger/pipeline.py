@@ -6,8 +6,11 @@ table's rows in one statement, which runs without the GIL, so a writer
 thread can write and commit batch k while this thread decides batch k+1
 against the caches (``Ledger.decide_ahead``), which hold everything k
 changed; what is loaded from the tables, no batch in flight changed. The
-writer then appends k+1 after k, or decides it again if another process
-appended in between (``Ledger.write_ahead``).
+writer then appends k+1 after k, or decides it again unless the log ends,
+by position and chain hash, where k+1 was decided after: another process
+appended, or k was itself decided again (``Ledger.write_ahead``). A batch
+the writer decides itself (the first, or one after the caches were trimmed)
+is decided before the next one is decided ahead.
 
 At most one batch is in flight, and its receipts are yielded only once it is
 committed, so a reported append is durable, as without the pipeline. If a
