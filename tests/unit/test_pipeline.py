@@ -56,6 +56,12 @@ def slow_writes(ledger: Ledger, fail_on: int | None = None) -> list[int]:
     return written
 
 
+def assert_tables_follow_the_log(ledger: Ledger, position: int) -> None:
+    """The tables hold exactly what a replay of the log up to ``position`` gives."""
+    report = replay(ledger.store)
+    assert report.ok and report.position == position, report.differences[:3]
+
+
 def statuses(batches: Iterator[list[Any]]) -> list[list[str]]:
     return [[r.status for r in receipts] for receipts in batches]
 
@@ -78,8 +84,7 @@ def test_each_batch_writes_its_rows_as_decided_though_the_next_is_decided_first(
                 seen.append([r.status for r in receipts])
         assert seen == [["appended"] * 3, ["appended"] * 2]
         assert written == [3, 5]  # the third batch, decided ahead, was never written
-        report = replay(ledger.store)  # the tables hold exactly what the log says
-        assert report.ok and report.position == 5, report.differences[:3]
+        assert_tables_follow_the_log(ledger, 5)
         assert ledger.submit({"type": "heartbeat", "node": "n1"}).position == 6
 
 
@@ -107,8 +112,7 @@ def test_a_rival_append_between_batches_is_decided_against(tmp_path: Path) -> No
         seen = statuses(ledger.submit_batches(batches()))
         assert [r.status for r in rival_receipts] == ["appended"], rival_receipts
         assert seen == [["appended"] * 3, ["rejected", "appended"]]
-        report = replay(ledger.store)
-        assert report.ok and report.position == 6, report.differences[:3]
+        assert_tables_follow_the_log(ledger, 6)
 
 
 def test_a_stream_read_no_further_writes_nothing_more_and_forgets_what_was_ahead(
@@ -127,8 +131,7 @@ def test_a_stream_read_no_further_writes_nothing_more_and_forgets_what_was_ahead
             assert ledger.store.head(cursor) == 3
         late = ledger.submit({"type": "heartbeat", "node": "x"})
         assert late.status == "rejected" and "x" in (late.error or "")
-        report = replay(ledger.store)
-        assert report.ok and report.position == 4, report.differences[:3]
+        assert_tables_follow_the_log(ledger, 4)
 
 
 def test_receipts_come_only_once_their_batch_is_committed(tmp_path: Path) -> None:
@@ -204,8 +207,7 @@ def test_a_batch_decided_again_does_not_let_the_next_land_on_another_history(
         holder.join()
         assert seen == [["appended"], ["duplicate", "appended"], ["appended"]]
         assert verify(ledger.store).ok
-        report = replay(ledger.store)
-        assert report.ok and report.position == 7, report.differences[:3]
+        assert_tables_follow_the_log(ledger, 7)
 
 
 def test_an_input_error_with_a_batch_in_flight_reports_that_batch_then_fails(
