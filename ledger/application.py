@@ -60,8 +60,8 @@ class Ledger:
         self.source = TableSource(self.sql)
         self.cluster = Cluster(self.source)
         self.projector = Projector(store)
-        self._head: int | None = None  # the last position this process decided
-        self._last_hash: tuple[int, str] | None = None  # and its chain hash
+        # The last position this process decided, with its chain hash.
+        self._last: tuple[int, str] | None = None
         self._recent_ids: dict[str, int] = {}  # client ids of the last batch it decided
         self._deciding = threading.RLock()  # a PostgreSQL standby thread may decide too
 
@@ -140,12 +140,9 @@ class Ledger:
         earlier batch is committed. The projections do not follow in a batch
         decided ahead: one that asks for them is decided with ``decide``."""
         with self._deciding:
-            if (
-                self._head is None or self._last_hash is None
-                or self._last_hash[0] != self._head or self.cluster.size() > CACHE_LIMIT
-            ):
+            if self._last is None or self.cluster.size() > CACHE_LIMIT:
                 return None
-            return self._decide_in_memory(cursor, batch, self._head)
+            return self._decide_in_memory(cursor, batch, self._last[0])
 
     def write_ahead(self, cursor: Any, decided: Decided) -> list[Receipt]:
         """Write a batch ``decide_ahead`` decided, in the caller's transaction,
@@ -168,17 +165,13 @@ class Ledger:
         """Drop the cached state (a transaction failed: what it decided is not kept)."""
         with self._deciding:
             self.cluster.forget()
-            self._head = None
-            self._last_hash = None
+            self._last = None
             self._recent_ids = {}
 
     def _decide(self, cursor: Any, batch: list[Event], inline: bool | None = None) -> list[Receipt]:
         head = self.store.head(cursor)
-        last = self._last_hash
-        if (
-            head != self._head or last is None or last[0] != head
-            or not self._kept_hash_is(cursor, head, last[1])
-        ):
+        last = self._last
+        if last is None or last[0] != head or not self._kept_hash_is(cursor, head, last[1]):
             self.forget()  # another process wrote since we last did, or ours went otherwise
         decided = self._decide_in_memory(cursor, batch, head)
         self._write(cursor, decided, inline)
@@ -224,8 +217,7 @@ class Ledger:
                 receipts.append(Receipt("appended", head))
         hashes = self._chain(base, kept)
         changed = changed_rows(self.cluster.take_changes()) if kept else []
-        self._head = head
-        self._last_hash = hashes[-1] if hashes else (after, base)
+        self._last = hashes[-1] if hashes else (after, base)
         self._recent_ids = dict(new_ids)
         return Decided(after, base, head, batch, receipts, kept, hashes, new_ids, changed)
 
@@ -267,8 +259,8 @@ class Ledger:
         """The chain hash of a position: the last one this process decided, or kept."""
         if position == 0:
             return GENESIS
-        if self._last_hash is not None and self._last_hash[0] == position:
-            return self._last_hash[1]
+        if self._last is not None and self._last[0] == position:
+            return self._last[1]
         found = self.store.hash_at(cursor, position)
         if found is None:
             raise LedgerError(f"the hash chain has no entry for position {position}")
