@@ -41,7 +41,7 @@ from ledger.errors import LedgerError, StoreUnavailable
 from ledger.postgres_handoff import TABLES as HANDOFF_TABLES
 from ledger.postgres_handoff import Handoff
 from ledger.postgres_preload import KNOWN_IDS, Preload, known_ids, named_by, not_cached
-from ledger.postgres_writes import BatchStatements, LogRecorder
+from ledger.postgres_writes import LogRecorder
 from ledger.store import LEDGER_STREAM, PROJECTIONS, Decider, LoggedEvent, decide_here
 from projections import tables
 from projections.rows import ChangedRows, Statements
@@ -138,7 +138,6 @@ class PostgresStore:
         self.combines = writers == "combine"
         self.stream = LEDGER_STREAM
         self._local = threading.local()
-        self._batch_statements: dict[str, BatchStatements] = {}
         self._preload = Preload()
         self.connect_args: dict[str, Any] = {
             "dbname": unquote(parts.path.lstrip("/")),
@@ -376,8 +375,7 @@ class PostgresStore:
     ) -> None:
         """In one statement (``postgres_writes.write_kept``)."""
         postgres_writes.write_kept(
-            cursor, self._statements(sql.prefix), self.recorder, self.stream, events, hashes, ids,
-            changed)
+            cursor, sql.prefix, self.recorder, self.stream, events, hashes, ids, changed)
         self._local.last = None
 
     def hash_at(self, cursor: Any, position: int) -> str | None:
@@ -404,17 +402,8 @@ class PostgresStore:
         cursor.execute(KNOWN_IDS, (ids,))
         return {row[0]: row[1] for row in cursor.fetchall()}
 
-    def write_changes(self, cursor: Any, sql: Any, changes: Any) -> None:
-        postgres_writes.write_changes(cursor, self._statements(sql.prefix), changes)
-
     def write_rows(self, cursor: Any, sql: Any, changed: ChangedRows) -> None:
-        postgres_writes.write_rows(cursor, self._statements(sql.prefix), changed)
-
-    def _statements(self, prefix: str) -> BatchStatements:
-        statements = self._batch_statements.get(prefix)
-        if statements is None:
-            statements = self._batch_statements[prefix] = BatchStatements(prefix)
-        return statements
+        postgres_writes.write_rows(cursor, sql.prefix, changed)
 
     def read_log(self, after: int, upto: int | None = None) -> Iterator[StoredEvent]:
         """Pages of the log; inside a transaction of this store, through that

@@ -13,13 +13,13 @@ from __future__ import annotations
 
 import re
 from collections.abc import Sequence
+from functools import cache
 from typing import Any
 
 import orjson
 from eventsourcing.postgres import PostgresProcessRecorder
 from psycopg import sql
 
-from ledger.domain import Changes
 from ledger.store import LoggedEvent
 from projections import tables
 from projections.rows import (
@@ -29,7 +29,6 @@ from projections.rows import (
     NODE_COLUMNS,
     SLOT_COLUMNS,
     ChangedRows,
-    changed_rows,
 )
 
 Rows = Sequence[Sequence[Any]]
@@ -120,13 +119,15 @@ class BatchStatements:
         return found
 
 
-def write_changes(cursor: Any, statements: BatchStatements, changes: Changes) -> None:
-    """``projections.rows.write_changes`` in one statement (``together``)."""
-    write_rows(cursor, statements, changed_rows(changes))
+@cache
+def statements_for(prefix: str) -> BatchStatements:
+    return BatchStatements(prefix)
 
 
-def write_rows(cursor: Any, statements: BatchStatements, changed: ChangedRows) -> None:
-    """Rows ``changed_rows`` built, in one statement (``together``)."""
+def write_rows(cursor: Any, prefix: str, changed: ChangedRows) -> None:
+    """Rows ``projections.rows.changed_rows`` built, into the tables of a
+    prefix, in one statement (``together``)."""
+    statements = statements_for(prefix)
     if any(rows for _, rows in changed):
         cursor.execute(
             statements.together([name for name, _ in changed]),
@@ -135,7 +136,7 @@ def write_rows(cursor: Any, statements: BatchStatements, changed: ChangedRows) -
 
 
 def write_kept(
-    cursor: Any, statements: BatchStatements, recorder: LogRecorder, stream: Any,
+    cursor: Any, prefix: str, recorder: LogRecorder, stream: Any,
     events: Sequence[LoggedEvent], hashes: Rows, ids: Rows, changed: ChangedRows,
 ) -> None:
     """Append stored events of ``stream`` with their chain hashes and client
@@ -145,7 +146,7 @@ def write_kept(
     changed = [(name, rows) for name, rows in changed if name not in LOGS]
     first = [recorder.insert_rows, INSERT_HASHES, INSERT_IDS]
     cursor.execute(
-        statements.together([name for name, _ in changed], first, "pg_notify(%s, '')"),
+        statements_for(prefix).together([name for name, _ in changed], first, "pg_notify(%s, '')"),
         [
             stream,
             as_json([(e.originator_version, e.topic, e.state.decode()) for e in events]),

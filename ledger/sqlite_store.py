@@ -61,7 +61,6 @@ class SQLiteStore:
         self.url = url
         self.path = path
         self.stream = LEDGER_STREAM.hex
-        self._batch_statements: dict[str, sqlite_writes.BatchStatements] = {}
         timeout = float(options.get("timeout", "10"))
         self._check_sqlite()
         self._check_path()
@@ -180,11 +179,8 @@ class SQLiteStore:
             found.update((row[0], row[1]) for row in cursor.fetchall())
         return found
 
-    def write_changes(self, cursor: Any, sql: Any, changes: Any) -> None:
-        sqlite_writes.write_changes(cursor, self._statements(sql.prefix), changes)
-
     def write_rows(self, cursor: Any, sql: Any, changed: Any) -> None:
-        sqlite_writes.write_rows(cursor, self._statements(sql.prefix), changed)
+        sqlite_writes.write_rows(cursor, sql.prefix, changed)
 
     def write_kept(
         self, cursor: Any, sql: Any, events: list[LoggedEvent], hashes: list[tuple[int, str]],
@@ -197,13 +193,7 @@ class SQLiteStore:
         sqlite_writes.write_events(
             cursor, self.recorder.events_table_name, self.stream, events, hashes, ids)
         # the decision tables are the projection tables
-        sqlite_writes.write_rows(cursor, self._statements(sql.prefix), changed)
-
-    def _statements(self, prefix: str) -> sqlite_writes.BatchStatements:
-        statements = self._batch_statements.get(prefix)
-        if statements is None:
-            statements = self._batch_statements[prefix] = sqlite_writes.BatchStatements(prefix)
-        return statements
+        sqlite_writes.write_rows(cursor, sql.prefix, changed)
 
     def read_log(self, after: int, upto: int | None = None) -> Iterator[LoggedEvent]:
         """Kept events in order, a page per read transaction.

@@ -13,11 +13,11 @@ GIL and the overlap is lost.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from functools import cache
 from typing import Any
 
 import orjson
 
-from ledger.domain import Changes
 from ledger.store import LoggedEvent
 from projections.rows import (
     ADDRESS_COLUMNS,
@@ -25,7 +25,6 @@ from projections.rows import (
     NODE_COLUMNS,
     SLOT_COLUMNS,
     ChangedRows,
-    changed_rows,
 )
 
 Rows = Sequence[Sequence[Any]]
@@ -97,13 +96,15 @@ def insert_events(table: str) -> str:
     )
 
 
-def write_changes(cursor: Any, statements: BatchStatements, changes: Changes) -> None:
-    """``projections.rows.write_changes``, one statement per table with rows."""
-    write_rows(cursor, statements, changed_rows(changes))
+@cache
+def statements_for(prefix: str) -> BatchStatements:
+    return BatchStatements(prefix)
 
 
-def write_rows(cursor: Any, statements: BatchStatements, changed: ChangedRows) -> None:
-    """Rows ``changed_rows`` built, one statement per table with rows."""
+def write_rows(cursor: Any, prefix: str, changed: ChangedRows) -> None:
+    """Rows ``projections.rows.changed_rows`` built, into the tables of a
+    prefix, one statement per table with rows."""
+    statements = statements_for(prefix)
     for name, rows in changed:
         if rows:
             cursor.execute(getattr(statements, name), (as_json(rows),))

@@ -115,13 +115,11 @@ class Store(Protocol):
     def known_ids(self, cursor: Any, ids: list[str]) -> dict[str, int]:
         """Positions of client ids already in the ledger."""
 
-    def write_changes(self, cursor: Any, sql: Any, changes: Any) -> None:
-        """Write the rows the domain changed (``projections.rows.write_changes``
-        semantics), in the caller's transaction, as this database does it fastest."""
-
     def write_rows(self, cursor: Any, sql: Any, changed: Any) -> None:
-        """``write_changes`` of the rows ``projections.rows.changed_rows`` built
-        (at the time: the entities may change on meanwhile)."""
+        """Write the rows ``projections.rows.changed_rows`` built of what the
+        domain changed (``projections.rows.write_changes`` semantics), into the
+        tables of ``sql``'s prefix, in the caller's transaction, as this
+        database does it fastest."""
 
     def read_log(self, after: int, upto: int | None = None) -> Iterator[Kept]:
         """Stored events after a position, in order, read page by page."""

@@ -15,7 +15,7 @@ from ledger.collection import fewer_collections
 from ledger.domain import Cluster
 from ledger.records import Progress, replay_log
 from ledger.store import Store
-from projections.rows import Statements, TableSource
+from projections.rows import Statements, TableSource, changed_rows
 
 PAGE = 1000
 
@@ -59,7 +59,7 @@ class Projector:
         while progress.position < head:
             before = progress.position
             replay_log(self.cluster, itertools.islice(log, PAGE), progress)
-            self.store.write_changes(cursor, self.sql, self.cluster.take_changes())
+            self.store.write_rows(cursor, self.sql, changed_rows(self.cluster.take_changes()))
             if progress.position == before:
                 break  # the log ended early
         self.store.track(cursor, head)

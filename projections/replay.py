@@ -133,7 +133,7 @@ class Scratch:
             with self.store.projecting() as cursor:
                 self.source.cursor = cursor
                 replay_log(self.cluster, self.store.read_log(self.position, end), Progress(self.position))
-                self.store.write_changes(cursor, self.sql, self.cluster.take_changes())
+                self.store.write_rows(cursor, self.sql, changed_rows(self.cluster.take_changes()))
             self.position = end
             self.seconds += time.perf_counter() - started
 
@@ -245,7 +245,8 @@ def _against_as_of(store: Store, scratch: Scratch, to: int, head: int) -> Replay
     as_of = scratch.prefix + "asof_"
     with store.projecting() as cursor:
         tables.create(cursor, store.dialect, as_of)
-        store.write_changes(cursor, Statements(store.param, as_of), cluster.everything())
+        store.write_rows(
+            cursor, Statements(store.param, as_of), changed_rows(cluster.everything()))
     with store.reading() as cursor:
         report = ReplayReport(to, head, f"the as-of state at position {to}")
         report.differences = compare(cursor, expected=scratch.prefix, found=as_of, label="")

@@ -57,7 +57,8 @@ def test_set_based_writes_keep_what_row_by_row_writes_keep(pg_url, tables):
         with store.projecting() as cursor:
             for changes in batches:
                 rows.write_changes(cursor, Statements(store.param), changes)
-                store.write_changes(cursor, Statements(store.param, "state_"), changes)
+                store.write_rows(
+                    cursor, Statements(store.param, "state_"), rows.changed_rows(changes))
     finally:
         store.close()
     by_row = tables(pg_url).snapshot(only=WRITTEN)
