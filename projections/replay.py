@@ -103,11 +103,11 @@ class ReplayReport:
 
 
 class Scratch:
-    """Scratch projection tables replayed from the log, a chunk of events per
-    transaction: the replayed state stays in memory from chunk to chunk (as
-    an as-of replay's does) and everything a chunk changed is written once,
-    at its end (so no transaction reads after writing, which a pipelined
-    connection cannot answer reliably)."""
+    """Scratch projection tables replayed from the log, a chunk of events at
+    a time: the replayed state stays in memory from chunk to chunk (as an
+    as-of replay's does) and everything a chunk changed is written once, at
+    its end, in a transaction that reads nothing (which a pipelined
+    connection could not answer reliably)."""
 
     def __init__(self, store: Store, prefix: str) -> None:
         self.store = store
@@ -124,24 +124,12 @@ class Scratch:
 
     @fewer_collections()
     def replay_to(self, target: int) -> None:
-        if self.store.overlaps:
-            self._replay_overlapped(target)
-            return
-        while self.position < target:
-            end = min(target, self.position + CHUNK)
-            started = time.perf_counter()
-            with self.store.projecting() as cursor:
-                self.source.cursor = cursor
-                replay_log(self.cluster, self.store.read_log(self.position, end), Progress(self.position))
-                self.store.write_rows(cursor, self.sql, changed_rows(self.cluster.take_changes()))
-            self.position = end
-            self.seconds += time.perf_counter() - started
-
-    def _replay_overlapped(self, target: int) -> None:
-        """``replay_to``, each chunk's rows written and committed in a thread
-        while the next chunk replays (``ledger.pipeline``). Every entity is
-        kept in memory from the first chunk on, so what a chunk loads from
-        the scratch tables (committed only) is what no chunk has written."""
+        """Replay up to ``target``, a chunk at a time: read and applied in a read
+        transaction, its rows written in a transaction of their own; where the
+        store can (``overlaps``), in a thread while the next chunk replays
+        (``ledger.pipeline``). Every entity is kept in memory from the first
+        chunk on, so what a chunk loads from the scratch tables (committed
+        only) is what no chunk has written."""
         started = time.perf_counter()
         with (
             prompt_switches(),
@@ -160,7 +148,11 @@ class Scratch:
                     changed = changed_rows(self.cluster.take_changes())
                     if writing is not None:
                         writing.result()
-                    writing = writer.submit(self._write, changed)
+                        writing = None
+                    if self.store.overlaps:
+                        writing = writer.submit(self._write, changed)
+                    else:
+                        self._write(changed)
                     self.position = end
                 if writing is not None:
                     writing.result()
