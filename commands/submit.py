@@ -199,7 +199,17 @@ TOO_LONG_RECEIPT = Receipt("invalid", error=f"line is longer than {MAX_LINE} byt
 
 
 def _decide(ledger: Ledger, pending: list[tuple[int, Any]]) -> list[tuple[int, Receipt]]:
-    decided = iter(ledger.submit_batch([line for _, line in pending if line is not TOO_LONG]))
+    return _paired(pending, ledger.submit_batch(_submitted(pending)))
+
+
+def _submitted(pending: list[tuple[int, Any]]) -> list[Any]:
+    """The lines of a batch that go to the ledger (not those too long)."""
+    return [line for _, line in pending if line is not TOO_LONG]
+
+
+def _paired(pending: list[tuple[int, Any]], receipts: list[Receipt]) -> list[tuple[int, Receipt]]:
+    """Each numbered line with its receipt (``receipts``: those of ``_submitted``)."""
+    decided = iter(receipts)
     return [(n, TOO_LONG_RECEIPT if line is TOO_LONG else next(decided)) for n, line in pending]
 
 
@@ -213,12 +223,10 @@ def _decide_all(
     def lines() -> Iterator[list[Any]]:
         for pending in batches:
             taken.append(pending)
-            yield [line for _, line in pending if line is not TOO_LONG]
+            yield _submitted(pending)
 
     for receipts in ledger.submit_batches(lines()):
-        decided = iter(receipts)
-        yield [(n, TOO_LONG_RECEIPT if line is TOO_LONG else next(decided))
-               for n, line in taken.popleft()]
+        yield _paired(taken.popleft(), receipts)
 
 
 def _result_line(number: int, receipt: Receipt) -> str:
