@@ -11,7 +11,7 @@ import os
 import sqlite3
 from collections.abc import Iterator
 from contextlib import closing, contextmanager
-from functools import partial
+from functools import cache, partial
 from typing import Any
 
 from eventsourcing.persistence import PersistenceError, Tracking
@@ -46,6 +46,24 @@ APPEND_ONLY = [
 ]
 
 
+@cache
+def sqlite_missing() -> str | None:
+    """What this Python's SQLite lacks for the batch writes (``sqlite_writes``:
+    UPDATE … FROM from 3.33, and the JSON functions, built in from 3.38 and
+    usually compiled in before); None when nothing. Asked once per process."""
+    if sqlite3.sqlite_version_info < MIN_SQLITE:
+        return (
+            f"SQLite {'.'.join(map(str, MIN_SQLITE))} or newer is needed; "
+            f"this Python uses SQLite {sqlite3.sqlite_version}"
+        )
+    try:
+        with closing(sqlite3.connect(":memory:")) as probe:
+            probe.execute("SELECT json_extract('[1]', '$[0]')")
+    except sqlite3.OperationalError:
+        return f"this Python's SQLite {sqlite3.sqlite_version} has no JSON functions (JSON1)"
+    return None
+
+
 def describe(error: BaseException) -> str:
     text = str(error.__cause__ or error) or type(error).__name__
     return text.splitlines()[0]
@@ -74,22 +92,9 @@ class SQLiteStore:
             raise StoreUnavailable(f"cannot open store {url}: {describe(error)}") from None
 
     def _check_sqlite(self) -> None:
-        """The batch writes (``sqlite_writes``) take UPDATE … FROM (3.33) and
-        the JSON functions (built in from 3.38, usually compiled in before)."""
-        found = sqlite3.sqlite_version_info
-        if found < MIN_SQLITE:
-            raise StoreUnavailable(
-                f"cannot open store {self.url}: SQLite {'.'.join(map(str, MIN_SQLITE))} or "
-                f"newer is needed; this Python uses SQLite {sqlite3.sqlite_version}"
-            )
-        try:
-            with closing(sqlite3.connect(":memory:")) as probe:
-                probe.execute("SELECT json_extract('[1]', '$[0]')")
-        except sqlite3.OperationalError:
-            raise StoreUnavailable(
-                f"cannot open store {self.url}: this Python's SQLite "
-                f"{sqlite3.sqlite_version} has no JSON functions (JSON1)"
-            ) from None
+        missing = sqlite_missing()
+        if missing is not None:
+            raise StoreUnavailable(f"cannot open store {self.url}: {missing}")
 
     def _check_path(self) -> None:
         folder = os.path.dirname(os.path.abspath(self.path))

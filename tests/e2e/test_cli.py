@@ -25,6 +25,7 @@ from commands.cli import cli
 from commands.stories import all_events
 from ledger.application import Ledger
 from ledger.events import EVENT_TYPES
+from ledger.sqlite_store import sqlite_missing
 from projections.queries import COLUMNS
 
 FORMATS = ("table", "json", "jsonl", "csv")
@@ -316,6 +317,15 @@ def test_a_store_that_is_not_a_database_exits_3(tmp_path, args):
     one_line_store_error(result, f"store {url}: file is not a database")
 
 
+@pytest.fixture
+def sqlite_checked_again() -> Iterator[None]:
+    """The store checks this Python's SQLite once per process: again here."""
+    sqlite_missing.cache_clear()
+    yield
+    sqlite_missing.cache_clear()
+
+
+@pytest.mark.usefixtures("sqlite_checked_again")
 def test_a_python_whose_sqlite_is_too_old_exits_3(tmp_path, monkeypatch):
     monkeypatch.setattr(sqlite3, "sqlite_version_info", (3, 31, 1))
     monkeypatch.setattr(sqlite3, "sqlite_version", "3.31.1")
@@ -328,6 +338,7 @@ def test_a_python_whose_sqlite_is_too_old_exits_3(tmp_path, monkeypatch):
     assert not (tmp_path / "ledger.db").exists()
 
 
+@pytest.mark.usefixtures("sqlite_checked_again")
 def test_a_python_whose_sqlite_has_no_json_functions_exits_3(tmp_path, monkeypatch):
     connect = sqlite3.connect
 
