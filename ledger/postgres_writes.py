@@ -29,6 +29,7 @@ from projections.rows import (
     NODE_COLUMNS,
     SLOT_COLUMNS,
     ChangedRows,
+    updates,
 )
 
 Rows = Sequence[Sequence[Any]]
@@ -70,12 +71,11 @@ def inserted(table: str, columns: str, types: dict[str, str]) -> str:
     )
 
 
-def upsert(table: str, columns: str, keys: str, types: dict[str, str]) -> str:
-    key_names = {k.strip() for k in keys.split(",")}
-    updates = ", ".join(
-        f"{c} = excluded.{c}" for c in (n.strip() for n in columns.split(",")) if c not in key_names
+def upsert(prefix: str, table: str, columns: str, keys: str, types: dict[str, str]) -> str:
+    return (
+        f"{inserted(prefix + table, columns, types)} "
+        f"ON CONFLICT ({keys}) DO UPDATE SET {updates(table, columns)}"
     )
-    return f"{inserted(table, columns, types)} ON CONFLICT ({keys}) DO UPDATE SET {updates}"
 
 
 class BatchStatements:
@@ -84,17 +84,17 @@ class BatchStatements:
     def __init__(self, prefix: str) -> None:
         types = column_types()
         t = prefix
-        self.upsert_node = upsert(f"{t}nodes", NODE_COLUMNS, "node", types["nodes"])
+        self.upsert_node = upsert(t, "nodes", NODE_COLUMNS, "node", types["nodes"])
         self.heartbeat = (
             f"UPDATE {t}nodes n SET last_heartbeat_at = u.at, last_heartbeat_position = u.position "
             f"FROM {rows_of(['text', 'bigint', 'text'])} u(at, position, node) "
             "WHERE n.node = u.node"
         )
-        self.upsert_slot = upsert(f"{t}slots", SLOT_COLUMNS, "node, slot", types["slots"])
+        self.upsert_slot = upsert(t, "slots", SLOT_COLUMNS, "node, slot", types["slots"])
         self.upsert_alloc = upsert(
-            f"{t}allocations", ALLOC_COLUMNS, "alloc", types["allocations"])
+            t, "allocations", ALLOC_COLUMNS, "alloc", types["allocations"])
         self.upsert_address = upsert(
-            f"{t}addresses", ADDRESS_COLUMNS, "address", types["addresses"])
+            t, "addresses", ADDRESS_COLUMNS, "address", types["addresses"])
         self.delete_address = (
             f"DELETE FROM {t}addresses WHERE address IN (SELECT * FROM {rows_of(['text'])} r)")
         self.insert_state = inserted(

@@ -25,6 +25,7 @@ from projections.rows import (
     NODE_COLUMNS,
     SLOT_COLUMNS,
     ChangedRows,
+    updates,
 )
 
 Rows = Sequence[Sequence[Any]]
@@ -43,12 +44,11 @@ def inserted(table: str, columns: str) -> str:
     )
 
 
-def upsert(table: str, columns: str, keys: str) -> str:
-    key_names = {k.strip() for k in keys.split(",")}
-    updates = ", ".join(
-        f"{c} = excluded.{c}" for c in (n.strip() for n in columns.split(",")) if c not in key_names
+def upsert(prefix: str, table: str, columns: str, keys: str) -> str:
+    return (
+        f"{inserted(prefix + table, columns)} "
+        f"ON CONFLICT ({keys}) DO UPDATE SET {updates(table, columns)}"
     )
-    return f"{inserted(table, columns)} ON CONFLICT ({keys}) DO UPDATE SET {updates}"
 
 
 def as_json(rows: Rows) -> bytes:
@@ -62,16 +62,16 @@ class BatchStatements:
 
     def __init__(self, prefix: str) -> None:
         t = prefix
-        self.upsert_node = upsert(f"{t}nodes", NODE_COLUMNS, "node")
+        self.upsert_node = upsert(t, "nodes", NODE_COLUMNS, "node")
         self.heartbeat = (
             f"UPDATE {t}nodes SET last_heartbeat_at = u.at, last_heartbeat_position = u.position "
             "FROM (SELECT json_extract(value, '$[0]') AS at, json_extract(value, '$[1]') AS position, "
             "json_extract(value, '$[2]') AS node FROM json_each(?)) u "
             f"WHERE {t}nodes.node = u.node"
         )
-        self.upsert_slot = upsert(f"{t}slots", SLOT_COLUMNS, "node, slot")
-        self.upsert_alloc = upsert(f"{t}allocations", ALLOC_COLUMNS, "alloc")
-        self.upsert_address = upsert(f"{t}addresses", ADDRESS_COLUMNS, "address")
+        self.upsert_slot = upsert(t, "slots", SLOT_COLUMNS, "node, slot")
+        self.upsert_alloc = upsert(t, "allocations", ALLOC_COLUMNS, "alloc")
+        self.upsert_address = upsert(t, "addresses", ADDRESS_COLUMNS, "address")
         self.delete_address = (
             f"DELETE FROM {t}addresses WHERE address IN "
             "(SELECT json_extract(value, '$[0]') FROM json_each(?))"

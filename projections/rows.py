@@ -26,16 +26,32 @@ ALLOC_COLUMNS = (
     "updated_position, removed"
 )
 ADDRESS_COLUMNS = "address, alloc, node, state, since_position"
+# Columns a row keeps from its insert: a node is registered once, an
+# allocation placed once. An upsert leaves them out of its SET, so SQLite
+# does not rewrite the indexes on them (parent; node, job) for every update.
+FIXED = {
+    "nodes": ("node", "parent", "slots", "registered_position"),
+    "slots": ("node", "slot"),
+    "allocations": (
+        "alloc", "node", "job", "slot", "addresses", "max_disconnect", "placed_position"),
+    "addresses": ("address",),
+}
 
 
-def _upsert(table: str, columns: str, keys: str, p: str) -> str:
-    names = [c.strip() for c in columns.split(",")]
-    key_names = {k.strip() for k in keys.split(",")}
-    updates = ", ".join(f"{c} = excluded.{c}" for c in names if c not in key_names)
-    marks = ", ".join([p] * len(names))
+def names(columns: str) -> list[str]:
+    return [c.strip() for c in columns.split(",")]
+
+
+def updates(table: str, columns: str) -> str:
+    """The SET list of an upsert of ``columns`` into ``table`` (of any prefix)."""
+    return ", ".join(f"{c} = excluded.{c}" for c in names(columns) if c not in FIXED[table])
+
+
+def _upsert(table: str, columns: str, keys: str, p: str, prefix: str) -> str:
+    marks = ", ".join([p] * len(names(columns)))
     return (
-        f"INSERT INTO {table} ({columns}) VALUES ({marks}) "
-        f"ON CONFLICT ({keys}) DO UPDATE SET {updates}"
+        f"INSERT INTO {prefix}{table} ({columns}) VALUES ({marks}) "
+        f"ON CONFLICT ({keys}) DO UPDATE SET {updates(table, columns)}"
     )
 
 
@@ -104,14 +120,14 @@ class Statements:
             "AND client_status IN ('pending','running','unknown')"
         )
         self.children = f"SELECT node FROM {t}nodes WHERE parent = {p}"
-        self.upsert_node = _upsert(f"{t}nodes", NODE_COLUMNS, "node", p)
+        self.upsert_node = _upsert("nodes", NODE_COLUMNS, "node", p, t)
         self.heartbeat = (
             f"UPDATE {t}nodes SET last_heartbeat_at = {p}, last_heartbeat_position = {p} "
             f"WHERE node = {p}"
         )
-        self.upsert_slot = _upsert(f"{t}slots", SLOT_COLUMNS, "node, slot", p)
-        self.upsert_alloc = _upsert(f"{t}allocations", ALLOC_COLUMNS, "alloc", p)
-        self.upsert_address = _upsert(f"{t}addresses", ADDRESS_COLUMNS, "address", p)
+        self.upsert_slot = _upsert("slots", SLOT_COLUMNS, "node, slot", p, t)
+        self.upsert_alloc = _upsert("allocations", ALLOC_COLUMNS, "alloc", p, t)
+        self.upsert_address = _upsert("addresses", ADDRESS_COLUMNS, "address", p, t)
         self.delete_address = f"DELETE FROM {t}addresses WHERE address = {p}"
         self.insert_state = (
             f"INSERT INTO {t}alloc_states (alloc, position, value, at) VALUES ({p}, {p}, {p}, {p})"
