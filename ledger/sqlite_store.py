@@ -176,13 +176,10 @@ class SQLiteStore:
         self.recorder._insert_tracking(cursor, Tracking(PROJECTIONS, position))
 
     def known_ids(self, cursor: Any, ids: list[str]) -> dict[str, int]:
-        found: dict[str, int] = {}
-        for start in range(0, len(ids), 500):
-            chunk = ids[start : start + 500]
-            marks = ",".join("?" * len(chunk))
-            cursor.execute(f"SELECT id, position FROM event_ids WHERE id IN ({marks})", chunk)
-            found.update((row[0], row[1]) for row in cursor.fetchall())
-        return found
+        if not ids:
+            return {}
+        cursor.execute(sqlite_writes.KNOWN_IDS, (sqlite_writes.as_json(ids),))
+        return {row[0]: row[1] for row in cursor.fetchall()}
 
     def write_rows(self, cursor: Any, sql: Any, changed: Any) -> None:
         sqlite_writes.write_rows(cursor, sql.prefix, changed)

@@ -83,6 +83,7 @@ class BatchStatements:
 
 INSERT_HASHES = inserted("event_hashes", "position, hash")
 INSERT_IDS = inserted("event_ids", "id, position")
+KNOWN_IDS = "SELECT id, position FROM event_ids WHERE id IN (SELECT value FROM json_each(?))"
 
 
 def insert_events(table: str) -> str:
