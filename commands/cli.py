@@ -103,10 +103,11 @@ def store_of(ctx: click.Context) -> str:
 
 @contextmanager
 def opened(ctx: click.Context) -> Iterator[Store]:
-    """The store the command line names, closed when the command is done."""
+    """The store the command line names, which must hold a ledger already
+    (reading commands), closed when the command is done."""
     from ledger.store import open_store
 
-    store = open_store(store_of(ctx))
+    store = open_store(store_of(ctx), create=False)
     try:
         yield store
     finally:

@@ -89,7 +89,12 @@ def _pairs(args: list[str]) -> dict[str, str]:
             value = next(items, None)  # type: ignore[assignment]
             if value is None:
                 raise click.UsageError(f"--{name} needs a value")
-        flags[name.replace("-", "_")] = value
+        field = name.replace("-", "_")
+        if field == "type":
+            raise click.UsageError("--type: the event type is the first argument (submit TYPE --field value)")
+        if field in flags:
+            raise click.UsageError(f"--{name} is given twice")
+        flags[field] = value
     return flags
 
 

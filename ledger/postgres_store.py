@@ -118,8 +118,11 @@ class PostgresStore:
     state_prefix = STATE_PREFIX
     overlaps = False  # writers hand batches to a leader, which overlaps its own rounds
 
-    def __init__(self, url: str, parts: SplitResult, options: dict[str, str]) -> None:
+    def __init__(
+        self, url: str, parts: SplitResult, options: dict[str, str], create: bool = True
+    ) -> None:
         self.url = url
+        self.create = create
         self.shown = redacted(parts)
         unknown = set(options) - OPTIONS
         if unknown:
@@ -220,6 +223,11 @@ class PostgresStore:
         with self._connect(timeout, extra) as connection:
             if self._marked(connection):
                 return
+            if not self.create:
+                self._fail(
+                    f"there is no ledger in schema {self.schema} (nothing has been submitted "
+                    "to it; check --store)"
+                )
             key = zlib.crc32(f"alloc-ledger:{self.schema}".encode())
             try:
                 connection.execute("SELECT pg_advisory_lock(%s)", (key,))

@@ -7,6 +7,7 @@ decides against the current state, across processes.
 
 from __future__ import annotations
 
+import math
 import os
 import sqlite3
 from collections.abc import Iterator
@@ -75,13 +76,18 @@ class SQLiteStore:
     state_prefix = ""  # decisions read the projection tables themselves
     projects_inline = True
 
-    def __init__(self, url: str, path: str, options: dict[str, str]) -> None:
+    def __init__(self, url: str, path: str, options: dict[str, str], create: bool = True) -> None:
         self.url = url
         self.path = path
         self.stream = LEDGER_STREAM.hex
-        timeout = float(options.get("timeout", "10"))
+        timeout = self._timeout(options)
         self._check_sqlite()
         self._check_path()
+        if not create and not os.path.exists(path):
+            raise StoreUnavailable(
+                f"cannot open store {url}: there is no ledger at {path} (nothing has been "
+                "submitted to it; check --store)"
+            )
         try:
             self.datastore = SQLiteDatastore(path, lock_timeout=int(timeout) or 1)
             self.recorder = SQLiteProcessRecorder(self.datastore)
@@ -90,6 +96,24 @@ class SQLiteStore:
             self._create_schema()
         except (PersistenceError, sqlite3.Error) as error:
             raise StoreUnavailable(f"cannot open store {url}: {describe(error)}") from None
+
+    def _timeout(self, options: dict[str, str]) -> float:
+        unknown = set(options) - {"timeout"}
+        if unknown:
+            raise StoreUnavailable(
+                f"cannot open store {self.url}: unknown parameter {min(unknown)} "
+                "(a SQLite store takes timeout)"
+            )
+        try:
+            timeout = float(options.get("timeout", "10"))
+        except ValueError:
+            timeout = -1
+        if not 0 < timeout < math.inf:
+            raise StoreUnavailable(
+                f"cannot open store {self.url}: timeout={options['timeout']} must be a finite "
+                "number of seconds above 0"
+            )
+        return timeout
 
     def _check_sqlite(self) -> None:
         missing = sqlite_missing()

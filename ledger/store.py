@@ -134,8 +134,10 @@ def store_url(url: str | None) -> str:
     return url or os.environ.get("ALLOC_LEDGER_STORE") or DEFAULT_URL
 
 
-def open_store(url: str | None = None) -> Store:
-    """Open (and if needed create) the store a URL names."""
+def open_store(url: str | None = None, create: bool = True) -> Store:
+    """Open the store a URL names; create it if needed, or with ``create``
+    false refuse one that holds no ledger yet (a mistyped path or schema
+    must not read as an empty, valid ledger)."""
     url = store_url(url)
     parts = urlsplit(url)
     options = {k: v[-1] for k, v in parse_qs(parts.query).items()}
@@ -147,11 +149,16 @@ def open_store(url: str | None = None) -> Store:
             path = path[1:]  # sqlite:///relative.db, sqlite:////absolute.db
         elif path.startswith("//"):
             path = path[1:]
-        return SQLiteStore(url, path or "alloc-ledger.db", options)
+        if path in ("", ":memory:"):
+            raise StoreUnavailable(
+                f"cannot open store {url}: an in-memory store keeps nothing once the command "
+                "ends; name a file, e.g. sqlite:///alloc-ledger.db"
+            )
+        return SQLiteStore(url, path, options, create)
     if parts.scheme in ("postgresql", "postgres"):
         from ledger.postgres_store import PostgresStore
 
-        return PostgresStore(url, parts, options)
+        return PostgresStore(url, parts, options, create)
     raise StoreUnavailable(
         f"cannot open store {url!r}: use sqlite:///path/to/ledger.db or "
         "postgresql://user:password@host:port/db"

@@ -126,6 +126,18 @@ def test_submit_from_flags_takes_the_at_time(url):
     assert history[0]["at"] == "2026-03-02T09:00:00.000000Z"
 
 
+@pytest.mark.parametrize(("flags", "message"), [
+    (["--node", "n1", "--type", "node-down"], "--type: the event type is the first argument"),
+    (["--node", "n1", "--node", "n2"], "--node is given twice"),
+    (["--node=n1", "--node", "n2"], "--node is given twice"),
+])
+def test_submit_flags_that_would_change_the_event_silently_are_usage_errors(url, flags, message):
+    result = invoke(store(url, "submit", "heartbeat", *flags), code=2)
+
+    assert message in result.stderr
+    assert not Path(url.removeprefix("sqlite:///")).exists()  # nothing opened, nothing written
+
+
 def test_submit_a_rejected_event_exits_1_with_the_reason(url):
     result = invoke(store(url, "submit", "heartbeat", "--node", "n1"), code=1)
     assert result.stdout == result_line(1, "rejected", 1, "node n1 is not registered")
@@ -148,7 +160,7 @@ def test_submit_an_invalid_event_exits_1_and_appends_nothing(url, args, error):
     result = invoke(store(url, "submit", *args), code=1)
 
     assert result.stdout == result_line(1, "invalid", None, error)
-    assert json.loads(invoke(store(url, "query", "history", "n1")).stdout) == []
+    assert not Path(url.removeprefix("sqlite:///")).exists()  # the store is not even opened
 
 
 def test_submit_the_same_id_twice_is_a_duplicate_and_exits_0(url):
@@ -383,6 +395,51 @@ def test_an_unknown_kind_of_store_exits_3():
         "cannot open store 'mysql://db/ledger': use sqlite:///path/to/ledger.db or "
         "postgresql://user:password@host:port/db",
     )
+
+
+READING = [
+    ["query", "nodes"],
+    ["query", "nodes", "--format", "json"],
+    ["query", "history", "n1"],
+    ["verify"],
+    ["digest"],
+    ["replay"],
+    ["audit"],
+]
+
+
+@pytest.mark.parametrize("args", READING, ids=" ".join)
+def test_reading_a_store_that_does_not_exist_exits_3_and_creates_nothing(tmp_path, args):
+    """A mistyped path must not read as an empty, valid ledger."""
+    url = f"sqlite:///{tmp_path}/typo.db"
+    result = invoke(store(url, *args), code=3)
+    one_line_store_error(
+        result, f"cannot open store {url}: there is no ledger at {tmp_path}/typo.db "
+        "(nothing has been submitted to it; check --store)"
+    )
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("url", ["sqlite://", "sqlite:///:memory:"])
+def test_an_in_memory_store_is_refused(url):
+    result = invoke(["--store", url, "submit", "node-registered", "--node", "n1"], code=3)
+    one_line_store_error(
+        result, f"cannot open store {url}: an in-memory store keeps nothing once the command "
+        "ends; name a file, e.g. sqlite:///alloc-ledger.db"
+    )
+
+
+@pytest.mark.parametrize(("query", "message"), [
+    ("timeout=abc", "timeout=abc must be a finite number of seconds above 0"),
+    ("timeout=0", "timeout=0 must be a finite number of seconds above 0"),
+    ("timeout=inf", "timeout=inf must be a finite number of seconds above 0"),
+    ("bogus=1", "unknown parameter bogus (a SQLite store takes timeout)"),
+])
+def test_a_bad_sqlite_url_parameter_exits_3_naming_it(tmp_path, query, message):
+    url = f"sqlite:///{tmp_path}/ledger.db?{query}"
+    result = invoke(store(url, "submit", "node-registered", "--node", "n1"), code=3)
+    one_line_store_error(result, f"cannot open store {url}: {message}")
+    assert list(tmp_path.iterdir()) == []
 
 
 class Locked:

@@ -337,6 +337,15 @@ def test_a_bad_url_is_exit_3_in_one_line(pg_dsn, fails_to_open, extra, reason):
     fails_to_open(option(pg_dsn, extra), reason)
 
 
+def test_reading_a_schema_without_a_ledger_is_exit_3_and_creates_nothing(
+    pg_dsn, pg_schema, pg_admin, fails_to_open
+):
+    empty = f"{pg_schema}_typo"
+    fails_to_open(option(pg_dsn, f"schema={empty}"),
+                  f"there is no ledger in schema {empty} (nothing has been submitted to it")
+    assert pg_admin(f"SELECT 1 FROM pg_namespace WHERE nspname = '{empty}'") == []
+
+
 def test_a_dropped_connection_mid_stream_leaves_nothing_half_written(
     pg_url, tmp_path: Path, tables, replayed, pg_admin, alloc_ledger
 ):
