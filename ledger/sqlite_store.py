@@ -229,9 +229,11 @@ class SQLiteStore:
         recorder's reader builds a UUID per row (a quarter of replay time).
         The library's connections build a ``sqlite3.Row`` per row; this
         cursor (a new one per transaction) fetches plain tuples instead
-        (the Rows cost a tenth of a replay)."""
+        (the Rows cost a tenth of a replay). A state is read as a BLOB even
+        if it was rewritten as TEXT (tampering with ``replace()`` does), so
+        that ``verify`` names the position rather than failing on the type."""
         statement = (
-            "SELECT originator_version, topic, state FROM stored_events "
+            "SELECT originator_version, topic, CAST(state AS BLOB) FROM stored_events "
             "WHERE originator_id = ? AND originator_version > ? AND originator_version <= ? "
             "ORDER BY originator_version LIMIT ?"
         )
@@ -248,8 +250,9 @@ class SQLiteStore:
 
     def search_log(self, cursor: Any, needle: str) -> list[tuple[int, str, bytes]]:
         cursor.execute(
-            "SELECT originator_version, topic, state FROM stored_events "
-            "WHERE originator_id = ? AND instr(state, ?) > 0 ORDER BY originator_version",
+            "SELECT originator_version, topic, CAST(state AS BLOB) FROM stored_events "
+            "WHERE originator_id = ? AND instr(CAST(state AS BLOB), ?) > 0 "
+            "ORDER BY originator_version",
             (self.stream, needle.encode()),
         )
         return [(row[0], row[1], bytes(row[2])) for row in cursor.fetchall()]

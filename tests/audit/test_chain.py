@@ -230,6 +230,7 @@ def test_an_untouched_log_verifies_and_extends_every_earlier_digest(
 
 
 def test_an_empty_log_verifies_and_its_digest_is_genesis(under_test: StoreUnderTest) -> None:
+    Ledger.open(under_test.url).close()  # a ledger with nothing submitted yet
     shown = run("digest", url=under_test.url)
     assert (shown.returncode, shown.stdout.decode().strip()) == (0, f"0:{GENESIS}"), shown.stderr
     assert run("verify", url=under_test.url).returncode == 0
@@ -302,3 +303,25 @@ def test_a_malformed_digest_is_a_usage_error(text: str, sqlite_under_test: Any) 
     refused = run("verify", "--digest", text, url=sqlite_under_test.url)
     assert refused.returncode == 2
     assert "is not a digest" in refused.stderr.decode()
+
+
+def test_a_state_rewritten_as_text_is_named_by_position_not_an_internal_error(
+    sqlite_under_test: Any,
+) -> None:
+    """SQLite's replace() returns TEXT: the natural edit changes the column's type too."""
+    with Ledger.open(sqlite_under_test.url) as ledger:
+        list(ledger.submit_many(texts(history(60, nodes=4)), batch=20))
+    attacker = Attacker(sqlite_under_test)
+    attacker.drop_guards()
+    attacker.sql(
+        "UPDATE stored_events SET state = replace(state, '\"at\"', '\"at\" ') "
+        "WHERE originator_version = 14"
+    )
+    assert attacker.sql("SELECT typeof(state) FROM stored_events WHERE originator_version = 14") == [
+        ("text",)
+    ]
+
+    checked = run("verify", url=sqlite_under_test.url)
+    assert checked.returncode == 1, checked.stderr
+    line = one_line_error(checked.stderr)
+    assert "position 14" in line and "does not match its chain hash" in line
