@@ -10,9 +10,10 @@ from typing import Any
 import click
 
 from commands.cli import opened
-from commands.output import chosen, emit, emit_object, format_option
+from commands.output import emit, emit_object, format_option
 from ledger.errors import LedgerError
 from ledger.model import timestamp
+from ledger.store import Store
 from projections.asof import AsOf, rebuild, state_at
 from projections.history import history as history_of
 from projections.projector import Projector
@@ -62,11 +63,12 @@ def answering(ctx: click.Context, as_of: str | None) -> Iterator[tuple[Queries, 
 
     On SQLite the tables are always up to date. On PostgreSQL they are as far
     as ``project --follow`` (or inline projection) has brought them: ``--wait``
-    catches them up first, and a table on a terminal is preceded by
-    ``lag: N positions behind the log`` on stderr when they are behind."""
+    catches them up first, and when they are behind, every answer is preceded
+    by ``lag: N positions behind the log`` on stderr."""
     point = _point(as_of)
     with opened(ctx) as store:
         if point is not None:
+            _within_the_log(store, point)
             connection, position = state_at(store, point)
             yield Queries(connection.cursor()), position
             return
@@ -74,9 +76,23 @@ def answering(ctx: click.Context, as_of: str | None) -> Iterator[tuple[Queries, 
             Projector(store).update()
         with store.reading() as cursor:
             lag = store.head(cursor) - store.tracked(cursor)
-            if lag > 0 and chosen(ctx.params.get("fmt")) == "table":
+            if lag > 0:  # on stderr in every format: stdout stays the answer
                 click.echo(f"lag: {lag} positions behind the log", err=True)
             yield Queries(cursor, store.param), None
+
+
+def _within_the_log(store: Store, point: AsOf) -> None:
+    """A position past the head has no state "right after" it (a moment
+    past the last event does: everything)."""
+    if point.position is None:
+        return
+    with store.reading() as cursor:
+        head = store.head(cursor)
+    if point.position > head:
+        raise click.BadParameter(
+            f"position {point.position} is beyond the head of the log ({head})",
+            param_hint="--as-of",
+        )
 
 
 def _named(name: str, help_text: str) -> Callable[[Callable[..., Any]], click.Command]:
@@ -156,7 +172,8 @@ def alloc(ctx: click.Context, as_of: str | None, fmt: str | None, alloc_id: str)
     with answering(ctx, as_of) as (q, position):
         found = q.alloc(alloc_id)
         if found is None:
-            raise click.ClickException(f"allocation {alloc_id} is not in the ledger")
+            when = "" if position is None else f" at position {position}"
+            raise click.ClickException(f"allocation {alloc_id} is not in the ledger{when}")
     with opened(ctx) as store:
         found["history"] = history_of(store, alloc_id, position)
     emit_object(found, fmt)
@@ -195,6 +212,7 @@ def history(ctx: click.Context, as_of: str | None, fmt: str | None, entity: str)
     with opened(ctx) as store:
         upto = None
         if point is not None:
+            _within_the_log(store, point)
             upto = point.position if point.at is None else rebuild(store, point)[1]
         emit(history_of(store, entity, upto), COLUMNS["history"], fmt)
 

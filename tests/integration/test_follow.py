@@ -151,7 +151,7 @@ def test_a_query_says_how_far_behind_the_tables_are_and_wait_catches_up(
     assert (behind.returncode, behind.stderr, behind.stdout) == (
         0, "lag: 3 positions behind the log\n", "(none)\n"
     )
-    assert (as_json.stderr, json.loads(as_json.stdout)) == ("", [])
+    assert (as_json.stderr, json.loads(as_json.stdout)) == ("lag: 3 positions behind the log\n", [])
     assert caught_up.stderr == ""
     assert [line.split()[0] for line in caught_up.stdout.splitlines()] == ["node", "n1", "n2", "n3"]
 
