@@ -273,11 +273,20 @@ class Cluster:
                 f"allocation {name} was already placed and is {existing.client_status}; "
                 "an allocation id is placed once"
             )
-        if existing.slot is not None:
+        held = (
+            f"already holds slot {existing.node}#{existing.slot}" if existing.slot is not None
+            else f"already runs on node {existing.node}"
+        )
+        if (existing.node, existing.slot) == wanted[:2]:  # the same place, other fields
+            fields = ("job", "addresses", "max_disconnect")
+            differ = [f for f, old, new in zip(fields, existing.placement()[2:], wanted[2:])
+                      if old != new]
+            verb = "differs" if len(differ) == 1 else "differ"
             raise errors.AllocationExists(
-                f"allocation {name} already holds slot {existing.node}#{existing.slot}"
+                f"allocation {name} {held}, and its {' and '.join(differ)} {verb}; "
+                "placing it again must repeat the same fields"
             )
-        raise errors.AllocationExists(f"allocation {name} already runs on node {existing.node}")
+        raise errors.AllocationExists(f"allocation {name} {held}")
 
     def check_node_may_update(self, alloc: Allocation) -> Node:
         node = self.node(alloc.node)

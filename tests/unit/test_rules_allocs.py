@@ -159,8 +159,23 @@ def test_the_same_allocation_with_other_fields_is_not_the_same_placement(cluster
 
     reason = cluster.refused("alloc-placed", alloc="a1", node="n1", slot=0, job="batch")
 
-    assert reason == "allocation a1 already holds slot n1#0"
+    assert reason == (
+        "allocation a1 already holds slot n1#0, and its job differs; "
+        "placing it again must repeat the same fields"
+    )
     assert cluster.alloc("a1")["job"] == "web"
+
+
+def test_placing_again_on_the_same_node_names_every_field_that_differs(cluster):
+    cluster.ready_node("n1")
+    cluster.place("a1", "n1", addresses=["10.0.0.5"], max_disconnect=60)
+
+    reason = cluster.refused("alloc-placed", alloc="a1", node="n1", addresses=["10.0.0.6"])
+
+    assert reason == (
+        "allocation a1 already runs on node n1, and its addresses and max_disconnect "
+        "differ; placing it again must repeat the same fields"
+    )
 
 
 def test_a_finished_allocation_id_is_not_placed_again(cluster):
