@@ -52,9 +52,17 @@ class LedgerGroup(click.Group):
         self._load(MODULES)
         return sorted(self.commands)
 
+    def make_context(self, *args: Any, **kwargs: Any) -> click.Context:
+        try:
+            return super().make_context(*args, **kwargs)
+        except click.UsageError as error:
+            raise one_line(error) from None
+
     def invoke(self, ctx: click.Context) -> Any:
         try:
             return super().invoke(ctx)
+        except click.UsageError as error:
+            raise one_line(error) from None
         except StoreUnavailable as error:
             raise StoreError(str(error)) from None
         except LedgerError as error:
@@ -73,6 +81,13 @@ class LedgerGroup(click.Group):
                 f"internal error: {type(error).__name__}: {error} "
                 "(set ALLOC_LEDGER_DEBUG=1 for the traceback)"
             ) from None
+
+
+def one_line(error: click.UsageError) -> click.UsageError:
+    """A usage error as one line, which points at the help (click would print
+    the usage and a hint on lines of their own first)."""
+    where = error.ctx.command_path if error.ctx is not None else "alloc-ledger"
+    return click.UsageError(f"{error.format_message()} (see '{where} --help')")
 
 
 @click.group(cls=LedgerGroup)

@@ -56,8 +56,8 @@ def submit(ctx: click.Context, source: str, quiet: bool, batch: int) -> None:
     else:
         if ctx.args:
             raise click.UsageError(
-                f"unexpected arguments {' '.join(ctx.args)}: flags are for one event "
-                f"(alloc-ledger submit TYPE --field value); {source!r} is not an event type"
+                f"{source!r} is not an event type; flags ({' '.join(ctx.args)}) follow an "
+                "event type: alloc-ledger submit TYPE --field value"
             )
         stream = _open(source)
         with Ledger.open(store_of(ctx)) as ledger:
@@ -104,7 +104,8 @@ def _open(source: str) -> IO[bytes]:
     try:
         return open(source, "rb")
     except OSError as error:
-        raise click.BadParameter(f"cannot read {source}: {error.strerror}") from None
+        also = "" if os.sep in source or "." in source else " (nor is it an event type)"
+        raise click.BadParameter(f"cannot read {source}: {error.strerror}{also}") from None
 
 
 def _lines(stream: IO[bytes]) -> Iterator[tuple[int, Any]]:
