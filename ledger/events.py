@@ -11,6 +11,7 @@ Optional fields may be left out or given as ``null``.
 from __future__ import annotations
 
 import json
+import re
 from typing import Annotated, Any, Literal, NotRequired, Union, get_type_hints
 
 import orjson
@@ -220,6 +221,21 @@ def describe(error: ValidationError) -> str:
     return "; ".join(parts)
 
 
+def _json_problem(text: str | bytes) -> str:
+    """What is wrong with a line that is not JSON, placed by column within it
+    (the parser counts the line's own newline as a second line)."""
+    if isinstance(text, bytes) and text.startswith(b"\xef\xbb\xbf") or (
+        isinstance(text, str) and text.startswith("\ufeff")
+    ):
+        return "the line starts with a byte order mark (BOM); write UTF-8 without one"
+    try:
+        _adapter.validate_json(text.rstrip())
+    except ValidationError as error:
+        message = str(error.errors()[0].get("ctx", {}).get("error", error.errors()[0]["msg"]))
+        return re.sub(r" at line 1 column (\d+)$", r" at column \1", message)
+    return "not an event"  # pragma: no cover - rstrip cannot make it valid
+
+
 def received(data: str | bytes | dict[str, Any]) -> Event:
     """Validate one event (JSON text, or a dict read as that JSON would be);
     return it as it will be kept, but for ``at``, which stays a datetime or
@@ -233,7 +249,7 @@ def received(data: str | bytes | dict[str, Any]) -> Event:
         event = _adapter.validate_json(data)
     except ValidationError as error:
         if error.error_count() == 1 and error.errors()[0]["type"] == "json_invalid":
-            raise InvalidEvent(f"not valid JSON: {error.errors()[0]['ctx']['error']}") from None
+            raise InvalidEvent(f"not valid JSON: {_json_problem(data)}") from None
         raise InvalidEvent(describe(error)) from None
     except (ValueError, RecursionError) as error:  # pragma: no cover - defensive
         raise InvalidEvent(f"not a valid event: {error}") from None

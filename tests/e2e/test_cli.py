@@ -164,6 +164,22 @@ def test_submit_an_invalid_event_exits_1_and_appends_nothing(url, args, error):
     assert not Path(url.removeprefix("sqlite:///")).exists()  # the store is not even opened
 
 
+@pytest.mark.parametrize(("line", "error"), [
+    (b'{"type": "heartbeat", "node": "n1"\n', "EOF while parsing an object at column 34"),
+    (b'{"type": "heartbeat", "node": "n1"', "EOF while parsing an object at column 34"),
+    (b'\xef\xbb\xbf{"type": "heartbeat", "node": "n1"}\n',
+     "the line starts with a byte order mark (BOM); write UTF-8 without one"),
+])
+def test_a_line_that_is_not_json_is_placed_by_column_within_it(url, tmp_path, line, error):
+    source = tmp_path / "in.jsonl"
+    source.write_bytes(b'{"type": "node-registered", "node": "n1"}\n' + line)
+
+    result = invoke(store(url, "submit", str(source)), code=1)
+
+    assert result.stdout.splitlines()[1] == result_line(
+        2, "invalid", None, f"not valid JSON: {error}").strip()
+
+
 def test_submit_the_same_id_twice_is_a_duplicate_and_exits_0(url):
     first = invoke(store(url, "submit", "node-registered", "--node", "n1", "--id", "k1"))
     again = invoke(store(url, "submit", "node-registered", "--node", "n1", "--id", "k1"))
@@ -193,7 +209,7 @@ MIXED_RESULTS = (
     result_line(1, "appended", 1)
     + result_line(2, "appended", 2)
     + result_line(4, "invalid", None, "unknown type 'nope'")
-    + result_line(5, "invalid", None, "not valid JSON: expected ident at line 1 column 2")
+    + result_line(5, "invalid", None, "not valid JSON: expected ident at column 2")
     + result_line(6, "rejected", 3, "node zz is not registered")
     + result_line(7, "invalid", None, "unknown field 'extra'")
     + result_line(8, "rejected", 4, "node n1 is already registered")
