@@ -12,7 +12,7 @@ import click
 from commands.cli import opened
 from commands.output import emit, emit_object, format_option
 from ledger.errors import LedgerError
-from ledger.model import timestamp
+from ledger.model import LIVE, TERMINAL, timestamp
 from ledger.store import Store
 from projections.asof import AsOf, rebuild, state_at
 from projections.history import history as history_of
@@ -155,7 +155,10 @@ def nodes(ctx: click.Context, as_of: str | None, fmt: str | None) -> None:
     Example: alloc-ledger query allocs --node n1 --status running""")
 @click.option("--node", help="Only allocations on this node.")
 @click.option("--job", help="Only allocations of this job.")
-@click.option("--status", help="Only allocations with this client status.")
+@click.option(
+    "--status", type=click.Choice(sorted(LIVE | TERMINAL)),
+    help="Only allocations with this client status.",
+)
 def allocs(
     ctx: click.Context, as_of: str | None, fmt: str | None,
     node: str | None, job: str | None, status: str | None,

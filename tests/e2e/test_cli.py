@@ -287,6 +287,9 @@ def test_submit_quiet_exits_0_when_everything_was_appended(tmp_path, url):
          "Invalid value for '--batch': 0 is not in the range 1<=x<=100000."),
         (["nosuch"], "No such command 'nosuch'."),
         (["--bogus"], "No such option '--bogus'."),
+        (["query", "allocs", "--status", "bogus"],
+         "Invalid value for '--status': 'bogus' is not one of 'complete', 'failed', 'lost', "
+         "'pending', 'running', 'unknown'."),
         (["query", "nosuch"], "No such command 'nosuch'."),
         (["query", "nodes", "--format", "xml"],
          "Invalid value for '--format': 'xml' is not one of 'table', 'json', 'jsonl', 'csv'."),
