@@ -39,6 +39,14 @@ def _cell(value: Any) -> str:
     return str(value)
 
 
+def _csv_cell(value: Any) -> str:
+    """A list is JSON text in CSV, as in the tables: ["x,y"] and ["x","y"]
+    must not both read x,y."""
+    if isinstance(value, list):
+        return json.dumps(value, separators=(",", ":"), ensure_ascii=False)
+    return _cell(value)
+
+
 def table(rows: Sequence[dict[str, Any]], columns: Sequence[str]) -> str:
     cells = [[_cell(row.get(c)) for c in columns] for row in rows]
     widths = [max([len(c)] + [len(r[i]) for r in cells]) for i, c in enumerate(columns)]
@@ -60,7 +68,7 @@ def emit(rows: Sequence[dict[str, Any]], columns: Sequence[str], fmt: str | None
         writer = csv.writer(sys.stdout, lineterminator="\n")
         writer.writerow(columns)
         for row in ordered:
-            writer.writerow([_cell(row.get(c)) for c in columns])
+            writer.writerow([_csv_cell(row.get(c)) for c in columns])
     elif not rows:
         click.echo("(none)")
     else:
@@ -78,7 +86,7 @@ def emit_object(obj: dict[str, Any], fmt: str | None) -> None:
         writer = csv.writer(sys.stdout, lineterminator="\n")
         writer.writerow(["field", "value"])
         for key, value in obj.items():
-            writer.writerow([key, _cell(value)])
+            writer.writerow([key, _csv_cell(value)])
     else:
         scalars = [{"field": k, "value": v} for k, v in obj.items() if not _is_rows(v)]
         click.echo(table(scalars, ("field", "value")))

@@ -278,27 +278,27 @@ def test_submit_quiet_exits_0_when_everything_was_appended(tmp_path, url):
         (["submit", "missing.jsonl"],
          "Invalid value: cannot read missing.jsonl: No such file or directory"),
         (["submit", "nosuch-type", "--node", "x"],
-         "'nosuch-type' is not an event type; flags (--node x) follow an event type: "
-         "alloc-ledger submit TYPE --field value"),
+         ("'nosuch-type' is not an event type; flags (--node x) follow an event type: "
+          "alloc-ledger submit TYPE --field value")),
         (["submit", "heartbeet"],
-         "Invalid value: cannot read heartbeet: No such file or directory "
-         "(nor is it an event type)"),
+         ("Invalid value: cannot read heartbeet: No such file or directory "
+          "(nor is it an event type)")),
         (["submit", "-", "--batch", "0"],
          "Invalid value for '--batch': 0 is not in the range 1<=x<=100000."),
         (["nosuch"], "No such command 'nosuch'."),
         (["--bogus"], "No such option '--bogus'."),
         (["query", "allocs", "--status", "bogus"],
-         "Invalid value for '--status': 'bogus' is not one of 'complete', 'failed', 'lost', "
-         "'pending', 'running', 'unknown'."),
+         ("Invalid value for '--status': 'bogus' is not one of 'complete', 'failed', 'lost', "
+          "'pending', 'running', 'unknown'.")),
         (["query", "nosuch"], "No such command 'nosuch'."),
         (["query", "nodes", "--format", "xml"],
          "Invalid value for '--format': 'xml' is not one of 'table', 'json', 'jsonl', 'csv'."),
         (["query", "nodes", "--as-of", "yesterday"],
-         "Invalid value for --as-of: --as-of 'yesterday' is neither a position nor an "
-         "RFC 3339 timestamp"),
+         ("Invalid value for --as-of: --as-of 'yesterday' is neither a position nor an "
+          "RFC 3339 timestamp")),
         (["query", "nodes", "--as-of", "2026-01-01T00:00:00"],
-         "Invalid value for --as-of: --as-of '2026-01-01T00:00:00' needs a time zone "
-         "(Z or +hh:mm)"),
+         ("Invalid value for --as-of: --as-of '2026-01-01T00:00:00' needs a time zone "
+          "(Z or +hh:mm)")),
         (["query", "alloc"], "Missing argument 'ALLOC'."),
         (["query", "history"], "Missing argument 'ENTITY'."),
         (["query", "needs-reconnect", "--now", "12"],
@@ -678,6 +678,30 @@ def cell(value: Any) -> str:
     return str(value)
 
 
+def csv_cell(value: Any) -> str:
+    """How a value reads in a CSV cell: a list as JSON text."""
+    if isinstance(value, list):
+        return json.dumps(value, separators=(",", ":"), ensure_ascii=False)
+    return cell(value)
+
+
+def test_csv_lists_are_json_so_a_comma_in_an_address_is_not_two_addresses(url, tmp_path):
+    source = tmp_path / "in.jsonl"
+    source.write_text(lines(
+        {"type": "node-registered", "node": "n1"},
+        {"type": "heartbeat", "node": "n1"},
+        {"type": "alloc-placed", "alloc": "a1", "node": "n1", "addresses": ["x,y"]},
+        {"type": "alloc-placed", "alloc": "a2", "node": "n1", "addresses": ["x", "y"]},
+    ))
+    invoke(store(url, "submit", str(source), "--quiet"))
+
+    rows = list(csv.DictReader(io.StringIO(
+        invoke(store(url, "query", "allocs", "--format", "csv")).stdout)))
+
+    assert [(r["alloc"], json.loads(r["addresses"])) for r in rows] == [
+        ("a1", ["x,y"]), ("a2", ["x", "y"])]
+
+
 @pytest.mark.parametrize("when", AS_OF)
 @pytest.mark.parametrize("query", QUERIES, ids=" ".join)
 def test_every_query_in_every_format_says_the_same(stories, query, when):
@@ -690,13 +714,13 @@ def test_every_query_in_every_format_says_the_same(stories, query, when):
     rows = list(csv.reader(io.StringIO(ask("csv"))))
     if query[0] == "alloc":
         assert jsonl == [answer]
-        assert rows == [["field", "value"]] + [[k, cell(v)] for k, v in answer.items()]
+        assert rows == [["field", "value"]] + [[k, csv_cell(v)] for k, v in answer.items()]
         assert table[0].split() == ["field", "value"]
         return
     columns = list(COLUMNS[query[0]])
     assert isinstance(answer, list)
     assert jsonl == answer
-    assert rows == [columns] + [[cell(r[c]) for c in columns] for r in answer]
+    assert rows == [columns] + [[csv_cell(r[c]) for c in columns] for r in answer]
     if answer:
         assert table[0].split() == columns
         assert len(table) == 1 + len(answer)
