@@ -34,7 +34,7 @@ from ledger.records import Progress, replay_log
 from ledger.store import Store
 from projections import tables
 from projections.asof import AsOf, rebuild
-from projections.rows import ChangedRows, Statements, TableSource, changed_rows
+from projections.rows import ChangedRows, Statements, changed_rows
 
 CHUNK = 50_000  # events replayed per transaction (SQLite writers wait for each)
 
@@ -113,8 +113,9 @@ class Scratch:
         self.store = store
         self.prefix = prefix
         self.sql = Statements(store.param, prefix)
-        self.source = TableSource(self.sql)
-        self.cluster = Cluster(self.source)
+        # Replayed from position 0 into new tables, with every entity kept in
+        # memory: what the cluster does not hold, the tables do not either.
+        self.cluster = Cluster()
         self.position = 0
         self.seconds = 0.0
 
@@ -124,12 +125,11 @@ class Scratch:
 
     @fewer_collections()
     def replay_to(self, target: int) -> None:
-        """Replay up to ``target``, a chunk at a time: read and applied in a read
-        transaction, its rows written in a transaction of their own; where the
+        """Replay up to ``target``, a chunk at a time: read (a page per read
+        transaction) and applied, its rows written in a transaction of their own; where the
         store can (``overlaps``), in a thread while the next chunk replays
         (``ledger.pipeline``). Every entity is kept in memory from the first
-        chunk on, so what a chunk loads from the scratch tables (committed
-        only) is what no chunk has written."""
+        chunk on, so nothing is ever loaded from the scratch tables."""
         started = time.perf_counter()
         with (
             prompt_switches(),
@@ -139,12 +139,10 @@ class Scratch:
             try:
                 while self.position < target:
                     end = min(target, self.position + CHUNK)
-                    with self.store.reading() as cursor:
-                        self.source.cursor = cursor
-                        replay_log(
-                            self.cluster, self.store.read_log(self.position, end),
-                            Progress(self.position),
-                        )
+                    replay_log(
+                        self.cluster, self.store.read_log(self.position, end),
+                        Progress(self.position),
+                    )
                     changed = changed_rows(self.cluster.take_changes())
                     if writing is not None:
                         writing.result()
