@@ -177,9 +177,9 @@ def check_empty(ledger: Ledger, url: str) -> None:
     held = head_of(ledger)
     if held:
         events = "1 event" if held == 1 else f"{held} events"
-        raise click.ClickException(
+        raise click.BadParameter(
             f"store {url} already holds {events}; the demo needs an empty store "
-            "(omit --store for a temporary one)"
+            "(omit --store for a temporary one)", param_hint="--store",
         )
 
 

@@ -154,13 +154,15 @@ def test_demo_refuses_a_store_that_holds_events(tmp_path):
     url = f"sqlite:///{tmp_path}/used.db"
     invoke(["--store", url, "submit", "node-registered", "--node", "mine"])
 
-    result = invoke(["demo", "--store", url], code=1)
+    result = invoke(["demo", "--store", url], code=2)
 
     assert result.stdout == ""
-    assert result.stderr == (
-        f"Error: store {url} already holds 1 event; the demo needs an empty store "
-        "(omit --store for a temporary one)\n"
+    assert result.stderr.startswith(
+        f"Error: Invalid value for --store: store {url} already holds 1 event; the demo "
+        "needs an empty store (omit --store for a temporary one) (see '"
     )
+    assert result.stderr.endswith(" demo --help')\n")
+    assert result.stderr.count("\n") == 1
     nodes = json.loads(invoke(["--store", url, "query", "nodes"]).output)
     assert [n["node"] for n in nodes] == ["mine"]
 
