@@ -184,7 +184,7 @@ AnyEvent = Annotated[  # type: ignore[valid-type]
 
 
 @cache
-def _adapter(event_type: str | None = None) -> TypeAdapter[dict[str, Any]]:
+def _adapter(event_type: str | None) -> TypeAdapter[dict[str, Any]]:
     """The validator of one event type, or of any event (built on first use:
     the whole union costs a one-shot command more than its event's own)."""
     return TypeAdapter(EVENT_TYPES[event_type] if event_type else AnyEvent)  # type: ignore[arg-type]
@@ -192,18 +192,18 @@ def _adapter(event_type: str | None = None) -> TypeAdapter[dict[str, Any]]:
 
 def json_schema() -> dict[str, Any]:
     """The JSON Schema of one event (a discriminated union on ``type``)."""
-    schema = _adapter().json_schema()
+    schema = _adapter(None).json_schema()
     schema["title"] = "alloc-ledger event"
     return schema
 
 
-def describe(error: ValidationError) -> str:
-    """One line naming the field(s) that are wrong."""
+def describe(error: ValidationError, tagged: bool = True) -> str:
+    """One line naming the field(s) that are wrong; ``tagged``: the error is
+    the union's, whose locations start with the event type."""
     parts = []
     for item in error.errors(include_url=False)[:3]:
         loc = [str(p) for p in item["loc"]]
-        # Drop the discriminator tag pydantic puts first in the location.
-        if loc and loc[0] in EVENT_TYPES:
+        if tagged and loc and loc[0] in EVENT_TYPES:
             loc = loc[1:]
         field = ".".join(loc)
         kind = item["type"]
@@ -235,12 +235,14 @@ def _json_problem(text: str | bytes) -> str:
         isinstance(text, str) and text.startswith("\ufeff")
     ):
         return "the line starts with a byte order mark (BOM); write UTF-8 without one"
+    # without its trailing JSON whitespace only: JSON allows no other
+    line = text.rstrip(b" \t\r\n") if isinstance(text, bytes) else text.rstrip(" \t\r\n")
     try:
-        _adapter().validate_json(text.rstrip())
+        _adapter(None).validate_json(line)
     except ValidationError as error:
         message = str(error.errors()[0].get("ctx", {}).get("error", error.errors()[0]["msg"]))
         return re.sub(r" at line 1 column (\d+)$", r" at column \1", message)
-    return "not an event"  # pragma: no cover - rstrip cannot make it valid
+    return "not an event"  # pragma: no cover - JSON allows that whitespace anywhere
 
 
 def received(data: str | bytes | dict[str, Any]) -> Event:
@@ -260,7 +262,7 @@ def received(data: str | bytes | dict[str, Any]) -> Event:
     except ValidationError as error:
         if error.error_count() == 1 and error.errors()[0]["type"] == "json_invalid":
             raise InvalidEvent(f"not valid JSON: {_json_problem(data)}") from None
-        raise InvalidEvent(describe(error)) from None
+        raise InvalidEvent(describe(error, tagged=kind is None)) from None
     except (ValueError, RecursionError) as error:  # pragma: no cover - defensive
         raise InvalidEvent(f"not a valid event: {error}") from None
     if None in event.values():

@@ -1,0 +1,66 @@
+"""Validation of one event: a dict (the Python API, flags) is read exactly as
+the same JSON line would be, and a line that is not JSON is placed by column."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import orjson
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from ledger.errors import InvalidEvent
+from ledger.events import EVENT_TYPES, received
+
+FIELDS = [
+    "type", "id", "at", "source", "node", "slots", "parent", "reason", "passed", "alloc",
+    "job", "slot", "addresses", "max_disconnect", "client_status", "blame",
+    *EVENT_TYPES,  # unknown fields named like an event type
+]
+VALUES = st.one_of(
+    st.none(), st.booleans(), st.integers(-3, 2**40), st.sampled_from(list(EVENT_TYPES)),
+    st.text(max_size=6), st.sampled_from(["n1", "a1", "10.0.0.5", "running", "node", "#", "\x00"]),
+    st.lists(st.one_of(st.text(max_size=3), st.integers(0, 3)), max_size=3),
+    st.lists(st.fixed_dictionaries({"slot": st.integers(-1, 3)},
+                                   optional={"alloc": st.one_of(st.none(), st.text(max_size=2))}),
+             max_size=2),
+)
+EVENTS = st.one_of(
+    st.dictionaries(st.sampled_from(FIELDS), VALUES, max_size=6),
+    st.builds(lambda kind, rest: {"type": kind} | rest, st.sampled_from(list(EVENT_TYPES)),
+              st.dictionaries(st.sampled_from(FIELDS[1:]), VALUES, max_size=5)),
+)
+
+
+def outcome(data: Any) -> tuple[str, Any]:
+    try:
+        return "valid", received(data)
+    except InvalidEvent as error:
+        return "invalid", str(error)
+
+
+@settings(max_examples=400, deadline=None)
+@given(EVENTS)
+def test_a_dict_is_read_exactly_as_the_same_json_line(event: dict[str, Any]) -> None:
+    assert outcome(dict(event)) == outcome(orjson.dumps(event))
+
+
+@pytest.mark.parametrize(("event", "error"), [
+    ({"type": "node-registered", "node": "n1", "heartbeat": 1}, "unknown field 'heartbeat'"),
+    ({"type": "heartbeat", "node": "n1", "alloc-placed": "x"}, "unknown field 'alloc-placed'"),
+    ({"type": "heartbeat"}, "missing field 'node'"),
+])
+def test_an_unknown_or_missing_field_is_named_alike_as_a_dict_or_a_line(
+    event: dict[str, Any], error: str
+) -> None:
+    assert outcome(event) == outcome(orjson.dumps(event)) == ("invalid", error)
+
+
+@pytest.mark.parametrize(("line", "error"), [
+    (b'{"type": "heartbeat", "node": "n1"}\x0c\n', "trailing characters at column 36"),
+    ('{"type": "heartbeat", "node": "n1"}\u00a0\n', "trailing characters at column 36"),
+    (b'{"type": "heartbeat"\x0c\n', "expected `,` or `}` at column 21"),
+])
+def test_whitespace_json_does_not_allow_is_placed_by_column(line: str | bytes, error: str) -> None:
+    assert outcome(line) == ("invalid", f"not valid JSON: {error}")
