@@ -48,6 +48,21 @@ class LedgerGroup(click.Group):
             self._load((HOME[cmd_name],) if cmd_name in HOME else MODULES)
         return self.commands.get(cmd_name)
 
+    def _named(self, ctx: click.Context, words: list[str]) -> str:
+        """The path of the deepest command the words name (``alloc-ledger
+        query nodes``): a usage error's own context may be missing or an outer one."""
+        path: list[str] = [ctx.command_path]
+        command: click.Group = self
+        for word in words:
+            found = command.get_command(ctx, word)
+            if found is None:
+                break
+            path.append(word)
+            if not isinstance(found, click.Group):
+                break
+            command = found
+        return " ".join(path)
+
     def list_commands(self, ctx: click.Context) -> list[str]:
         self._load(MODULES)
         return sorted(self.commands)
@@ -55,14 +70,19 @@ class LedgerGroup(click.Group):
     def make_context(self, *args: Any, **kwargs: Any) -> click.Context:
         try:
             return super().make_context(*args, **kwargs)
+        except click.exceptions.NoArgsIsHelpError:
+            raise  # not an error: click shows the help
         except click.UsageError as error:
-            raise one_line(error) from None
+            raise one_line(error, error.ctx.command_path if error.ctx else "alloc-ledger") from None
 
     def invoke(self, ctx: click.Context) -> Any:
+        words = [*ctx.protected_args, *ctx.args]  # click empties them as it goes
         try:
             return super().invoke(ctx)
+        except click.exceptions.NoArgsIsHelpError:
+            raise
         except click.UsageError as error:
-            raise one_line(error) from None
+            raise one_line(error, self._named(ctx, words)) from None
         except StoreUnavailable as error:
             raise StoreError(str(error)) from None
         except LedgerError as error:
@@ -83,10 +103,10 @@ class LedgerGroup(click.Group):
             ) from None
 
 
-def one_line(error: click.UsageError) -> click.UsageError:
-    """A usage error as one line, which points at the help (click would print
-    the usage and a hint on lines of their own first)."""
-    where = error.ctx.command_path if error.ctx is not None else "alloc-ledger"
+def one_line(error: click.UsageError, where: str) -> click.UsageError:
+    """A usage error as one line, which points at the help of the command
+    ``where`` (click would print the usage and a hint on lines of their own
+    first)."""
     return click.UsageError(f"{error.format_message()} (see '{where} --help')")
 
 

@@ -269,6 +269,8 @@ def test_submit_quiet_exits_0_when_everything_was_appended(tmp_path, url):
 
 # -- usage errors: exit 2 -----------------------------------------------------------
 
+COMMAND_NAMES = {"submit", "query", "nodes", "allocs", "alloc", "history", "needs-reconnect"}
+
 @pytest.mark.parametrize(
     ("args", "error"),
     [
@@ -303,6 +305,7 @@ def test_submit_quiet_exits_0_when_everything_was_appended(tmp_path, url):
         (["query", "history"], "Missing argument 'ENTITY'."),
         (["query", "needs-reconnect", "--now", "12"],
          "Invalid value for --now: '12' is not an RFC 3339 time"),
+        (["query", "nodes", "--as-of"], "Option '--as-of' requires an argument."),
     ],
     ids=lambda v: " ".join(v) if isinstance(v, list) else None,
 )
@@ -310,10 +313,17 @@ def test_usage_errors_exit_2_in_one_line_pointing_at_the_help(url, args, error):
     result = invoke(store(url, *args), code=2)
 
     assert result.stdout == ""
-    where = " ".join(["alloc-ledger", *(a for a in args[:2] if a in ("submit", "query"))])
-    if args[0] == "query" and args[1] != "nosuch":
-        where = f"alloc-ledger query {args[1]}"
+    named = [a for a in args[:2] if a in COMMAND_NAMES]  # the command the help is of
+    where = " ".join(["alloc-ledger", *named])
     assert result.stderr == f"Error: {error} (see '{where} --help')\n"
+
+
+def test_a_group_without_its_command_shows_its_help(url):
+    result = invoke(store(url, "query"), code=2)
+
+    assert result.stdout == ""
+    assert result.stderr.startswith("Usage: alloc-ledger query [OPTIONS] COMMAND [ARGS]...\n")
+    assert "Error" not in result.stderr and "--help')" not in result.stderr
 
 
 def test_a_bad_now_is_reported_as_now(url):
