@@ -7,13 +7,14 @@ import signal
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from urllib.parse import urlsplit
 
 import click
 
 from commands.cli import store_of
 from ledger.application import Ledger
 from ledger.events import json_schema
-from ledger.store import Store, open_store
+from ledger.store import Store, open_store, store_url
 
 BATCH = 1000
 
@@ -118,15 +119,15 @@ def grant_reporting(ctx: click.Context, role: str) -> None:
 
     Example: alloc-ledger --store postgresql://ledger@db/ops grant-reporting grafana
     """
-    store = open_store(store_of(ctx))
+    url = store_url(store_of(ctx))
+    if urlsplit(url).scheme not in ("postgresql", "postgres"):
+        raise click.ClickException(
+            "grant-reporting needs a PostgreSQL store (SQLite has no roles: give "
+            "reporting tools a read-only connection, e.g. sqlite3 'file:ledger.db?mode=ro')"
+        )
+    store = open_store(url, create=False)
     try:
-        grant = getattr(store, "grant_reporting", None)
-        if grant is None:
-            raise click.ClickException(
-                "grant-reporting needs a PostgreSQL store (SQLite has no roles: give "
-                "reporting tools a read-only connection, e.g. sqlite3 'file:ledger.db?mode=ro')"
-            )
-        granted = grant(role)
+        granted = getattr(store, "grant_reporting")(role)  # noqa: B009 - PostgreSQL only
     finally:
         store.close()
     click.echo(json.dumps({"role": role, "select": granted}))

@@ -66,8 +66,8 @@ class Ledger:
         self._deciding = threading.RLock()  # a PostgreSQL standby thread may decide too
 
     @classmethod
-    def open(cls, url: str | None = None, create: bool = True) -> Ledger:
-        return cls(open_store(url, create))
+    def open(cls, url: str | None = None) -> Ledger:
+        return cls(open_store(url))
 
     def close(self) -> None:
         self.store.close()

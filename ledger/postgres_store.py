@@ -21,7 +21,6 @@ Only this module imports psycopg; every cursor it hands out yields tuples.
 
 from __future__ import annotations
 
-import math
 import re
 import threading
 import zlib
@@ -42,7 +41,7 @@ from ledger.postgres_handoff import TABLES as HANDOFF_TABLES
 from ledger.postgres_handoff import Handoff
 from ledger.postgres_preload import KNOWN_IDS, Preload, known_ids, named_by, not_cached
 from ledger.postgres_writes import LogRecorder
-from ledger.store import LEDGER_STREAM, PROJECTIONS, Decider, LoggedEvent, decide_here
+from ledger.store import LEDGER_STREAM, PROJECTIONS, Decider, LoggedEvent, decide_here, seconds
 from projections import tables
 from projections.rows import ChangedRows, Statements
 
@@ -189,12 +188,9 @@ class PostgresStore:
 
     def _seconds(self, options: dict[str, str], name: str, default: float) -> float:
         try:
-            value = float(options.get(name, default))
-        except ValueError:
-            value = -1
-        if not 0 < value < math.inf:
-            self._fail(f"{name}={options[name]} must be a finite number of seconds above 0")
-        return value
+            return seconds(options, name, default)
+        except ValueError as error:
+            self._fail(str(error))
 
     def _fail(self, reason: str) -> NoReturn:
         raise StoreUnavailable(f"cannot open store {self.shown}: {reason}") from None

@@ -7,20 +7,20 @@ decides against the current state, across processes.
 
 from __future__ import annotations
 
-import math
 import os
 import sqlite3
 from collections.abc import Iterator
 from contextlib import closing, contextmanager
 from functools import cache, partial
 from typing import Any
+from urllib.parse import quote
 
 from eventsourcing.persistence import PersistenceError, Tracking
-from eventsourcing.sqlite import SQLiteDatastore, SQLiteProcessRecorder
+from eventsourcing.sqlite import SQLiteConnectionPool, SQLiteDatastore, SQLiteProcessRecorder
 
 from ledger import sqlite_writes
 from ledger.errors import StoreUnavailable
-from ledger.store import LEDGER_STREAM, PROJECTIONS, Decider, LoggedEvent, decide_here
+from ledger.store import LEDGER_STREAM, PROJECTIONS, Decider, LoggedEvent, decide_here, seconds
 from projections import tables
 
 SCHEMA_VERSION = 1
@@ -65,6 +65,19 @@ def sqlite_missing() -> str | None:
     return None
 
 
+def _holds_ledger(path: str) -> bool:
+    """Whether a file is a ledger (its schema version set), read without
+    writing anything; a file SQLite cannot read counts as one, so that
+    opening it reports why."""
+    if not os.path.exists(path):
+        return False
+    try:
+        with closing(sqlite3.connect(f"file:{quote(path)}?mode=ro", uri=True)) as probe:
+            return bool(probe.execute("PRAGMA user_version").fetchone()[0])
+    except sqlite3.Error:
+        return True
+
+
 def describe(error: BaseException) -> str:
     text = str(error.__cause__ or error) or type(error).__name__
     return text.splitlines()[0]
@@ -81,9 +94,14 @@ class SQLiteStore:
         self.path = path
         self.stream = LEDGER_STREAM.hex
         timeout = self._timeout(options)
+        if not path or SQLiteConnectionPool.detect_memory_mode(path):
+            raise StoreUnavailable(
+                f"cannot open store {url}: an in-memory store keeps nothing once it is "
+                "closed; name a file, e.g. sqlite:///alloc-ledger.db"
+            )
         self._check_sqlite()
         self._check_path()
-        if not create and not os.path.exists(path):
+        if not create and not _holds_ledger(path):
             raise StoreUnavailable(
                 f"cannot open store {url}: there is no ledger at {path} (nothing has been "
                 "submitted to it; check --store)"
@@ -105,15 +123,9 @@ class SQLiteStore:
                 "(a SQLite store takes timeout)"
             )
         try:
-            timeout = float(options.get("timeout", "10"))
-        except ValueError:
-            timeout = -1
-        if not 0 < timeout < math.inf:
-            raise StoreUnavailable(
-                f"cannot open store {self.url}: timeout={options['timeout']} must be a finite "
-                "number of seconds above 0"
-            )
-        return timeout
+            return seconds(options, "timeout", 10)
+        except ValueError as error:
+            raise StoreUnavailable(f"cannot open store {self.url}: {error}") from None
 
     def _check_sqlite(self) -> None:
         missing = sqlite_missing()

@@ -7,6 +7,7 @@ only when asked for, so a SQLite store never loads psycopg.
 
 from __future__ import annotations
 
+import math
 import os
 from collections.abc import Iterator
 from contextlib import AbstractContextManager
@@ -130,6 +131,18 @@ class Store(Protocol):
     def close(self) -> None: ...
 
 
+def seconds(options: dict[str, str], name: str, default: float) -> float:
+    """A store URL parameter in seconds; ``ValueError`` naming it unless it
+    is a finite number above 0."""
+    try:
+        value = float(options.get(name, default))
+    except ValueError:
+        value = -1
+    if not 0 < value < math.inf:
+        raise ValueError(f"{name}={options[name]} must be a finite number of seconds above 0")
+    return value
+
+
 def store_url(url: str | None) -> str:
     return url or os.environ.get("ALLOC_LEDGER_STORE") or DEFAULT_URL
 
@@ -149,11 +162,6 @@ def open_store(url: str | None = None, create: bool = True) -> Store:
             path = path[1:]  # sqlite:///relative.db, sqlite:////absolute.db
         elif path.startswith("//"):
             path = path[1:]
-        if path in ("", ":memory:"):
-            raise StoreUnavailable(
-                f"cannot open store {url}: an in-memory store keeps nothing once the command "
-                "ends; name a file, e.g. sqlite:///alloc-ledger.db"
-            )
         return SQLiteStore(url, path, options, create)
     if parts.scheme in ("postgresql", "postgres"):
         from ledger.postgres_store import PostgresStore

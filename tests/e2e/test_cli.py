@@ -456,13 +456,26 @@ def test_reading_a_store_that_does_not_exist_exits_3_and_creates_nothing(tmp_pat
     assert list(tmp_path.iterdir()) == []
 
 
-@pytest.mark.parametrize("url", ["sqlite://", "sqlite:///:memory:"])
+@pytest.mark.parametrize("url", ["sqlite://", "sqlite:///:memory:", "sqlite:///file::memory:"])
 def test_an_in_memory_store_is_refused(url):
     result = invoke(["--store", url, "submit", "node-registered", "--node", "n1"], code=3)
     one_line_store_error(
-        result, f"cannot open store {url}: an in-memory store keeps nothing once the command "
-        "ends; name a file, e.g. sqlite:///alloc-ledger.db"
+        result, f"cannot open store {url}: an in-memory store keeps nothing once it is "
+        "closed; name a file, e.g. sqlite:///alloc-ledger.db"
     )
+
+
+@pytest.mark.parametrize("args", READING, ids=" ".join)
+def test_reading_a_file_that_holds_no_ledger_exits_3_and_writes_nothing(tmp_path, args):
+    empty = tmp_path / "empty.db"
+    empty.touch()
+    url = f"sqlite:///{empty}"
+    result = invoke(store(url, *args), code=3)
+    one_line_store_error(
+        result, f"cannot open store {url}: there is no ledger at {empty} "
+        "(nothing has been submitted to it; check --store)"
+    )
+    assert [(p.name, p.stat().st_size) for p in tmp_path.iterdir()] == [("empty.db", 0)]
 
 
 @pytest.mark.parametrize(("query", "message"), [

@@ -139,6 +139,7 @@ def test_sqlite_has_no_roles(tmp_path, alloc_ledger):
 
     assert result.returncode == 1
     assert "needs a PostgreSQL store" in result.stderr
+    assert list(tmp_path.iterdir()) == []  # no store made to refuse
 
 
 @pytest.mark.parametrize("statement", [
