@@ -17,6 +17,7 @@ from typing import Any
 import orjson
 
 from ledger.domain import Cluster
+from ledger.errors import LedgerError, RuleViolation
 from ledger.model import Fact
 from ledger.store import Kept, LoggedEvent
 
@@ -56,15 +57,18 @@ def encode(record: Record) -> LoggedEvent:
 
 
 def decode(stored: Kept) -> Record:
-    state = orjson.loads(stored.state)
-    return Record(
-        stored.originator_version,
-        stored.topic,
-        state["event"],
-        state["recorded_at"],
-        state.get("touches", []),
-        state.get("reason"),
-    )
+    try:
+        state = orjson.loads(stored.state)
+        return Record(
+            stored.originator_version,
+            stored.topic,
+            state["event"],
+            state["recorded_at"],
+            state.get("touches", []),
+            state.get("reason"),
+        )
+    except (ValueError, LookupError, TypeError) as error:
+        raise unreadable(stored, error) from None
 
 
 def replay(cluster: Cluster, record: Record) -> None:
@@ -93,21 +97,35 @@ def replay_log(
     ``progress``; stop, applying nothing more, at the first event whose
     ``at`` is later than ``until``."""
     position, max_at = progress.position, progress.max_at
-    for stored in log:
-        state = orjson.loads(stored.state)
-        event = state["event"]
-        at: str = event["at"]
-        if until is not None and at > until:
-            progress.stopped = True
-            break
-        position = stored.originator_version
-        fact = _blank_fact(Fact)  # filled here: Fact's __init__ costs a frame per event
-        fact.position = position
-        fact.at = at
-        if stored.topic == REJECTED:
-            cluster.reject(event, state.get("reason") or "", fact)
-        else:
-            cluster.apply(event, fact)
-        if at > max_at:  # noqa: PLR1730 - a call per event costs more
-            max_at = at
+    stored = None
+    try:
+        for stored in log:
+            state = orjson.loads(stored.state)
+            event = state["event"]
+            at: str = event["at"]
+            if until is not None and at > until:
+                progress.stopped = True
+                break
+            position = stored.originator_version
+            fact = _blank_fact(Fact)  # filled here: Fact's __init__ costs a frame per event
+            fact.position = position
+            fact.at = at
+            if stored.topic == REJECTED:
+                cluster.reject(event, state.get("reason") or "", fact)
+            else:
+                cluster.apply(event, fact)
+            if at > max_at:  # noqa: PLR1730 - a call per event costs more
+                max_at = at
+    except (ValueError, LookupError, TypeError, RuleViolation) as error:
+        # a kept event that is not as it was kept: the log was edited
+        raise unreadable(stored, error) from None
     progress.position, progress.max_at = position, max_at
+
+
+def unreadable(stored: Kept | None, error: Exception) -> LedgerError:
+    """A kept event that is not as it was kept: the log was edited (or a bug)."""
+    where = "a kept event" if stored is None else f"the kept event at position {stored.originator_version}"
+    return LedgerError(
+        f"{where} cannot be read ({type(error).__name__}: {error}); "
+        "alloc-ledger verify checks whether the log was edited"
+    )

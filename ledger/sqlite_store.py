@@ -245,7 +245,7 @@ class SQLiteStore:
         if it was rewritten as TEXT (tampering with ``replace()`` does), so
         that ``verify`` names the position rather than failing on the type."""
         statement = (
-            "SELECT originator_version, topic, CAST(state AS BLOB) FROM stored_events "
+            "SELECT originator_version, topic, COALESCE(CAST(state AS BLOB), x'') FROM stored_events "
             "WHERE originator_id = ? AND originator_version > ? AND originator_version <= ? "
             "ORDER BY originator_version LIMIT ?"
         )
@@ -262,7 +262,7 @@ class SQLiteStore:
 
     def search_log(self, cursor: Any, needle: str) -> list[tuple[int, str, bytes]]:
         cursor.execute(
-            "SELECT originator_version, topic, CAST(state AS BLOB) FROM stored_events "
+            "SELECT originator_version, topic, COALESCE(CAST(state AS BLOB), x'') FROM stored_events "
             "WHERE originator_id = ? AND instr(CAST(state AS BLOB), ?) > 0 "
             "ORDER BY originator_version",
             (self.stream, needle.encode()),

@@ -305,23 +305,36 @@ def test_a_malformed_digest_is_a_usage_error(text: str, sqlite_under_test: Any) 
     assert "is not a digest" in refused.stderr.decode()
 
 
-def test_a_state_rewritten_as_text_is_named_by_position_not_an_internal_error(
-    sqlite_under_test: Any,
+@pytest.mark.parametrize(("edit", "kind"), [
+    # SQLite's replace() returns TEXT: the natural edit changes the column's type too
+    ("replace(state, '\"at\"', '\"at\" ')", "text"),
+    ("NULL", "null"),
+    ("x'7b7d'", "blob"),  # {}: JSON, but not a kept event
+])
+def test_an_edited_state_is_named_by_position_not_an_internal_error(
+    sqlite_under_test: Any, edit: str, kind: str
 ) -> None:
-    """SQLite's replace() returns TEXT: the natural edit changes the column's type too."""
     with Ledger.open(sqlite_under_test.url) as ledger:
         list(ledger.submit_many(texts(history(60, nodes=4)), batch=20))
     attacker = Attacker(sqlite_under_test)
     attacker.drop_guards()
-    attacker.sql(
-        "UPDATE stored_events SET state = replace(state, '\"at\"', '\"at\" ') "
-        "WHERE originator_version = 14"
-    )
+    attacker.sql(f"UPDATE stored_events SET state = {edit} WHERE originator_version = 14")
     assert attacker.sql("SELECT typeof(state) FROM stored_events WHERE originator_version = 14") == [
-        ("text",)
+        (kind,)
     ]
 
     checked = run("verify", url=sqlite_under_test.url)
     assert checked.returncode == 1, checked.stderr
     line = one_line_error(checked.stderr)
     assert "position 14" in line and "does not match its chain hash" in line
+    for command in (["replay"], ["query", "nodes", "--as-of", "20"], ["audit"]):
+        replayed = run(*command, url=sqlite_under_test.url)
+        if kind == "text":  # the same bytes as kept, but for one space: still JSON, replays
+            continue
+        assert replayed.returncode == 1, (command, replayed.stderr)
+        line = one_line_error(replayed.stderr)
+        assert line.startswith(
+            "Error: the kept event at position 14 cannot be read ("
+            + ("JSONDecodeError: " if kind == "null" else "KeyError: 'event'")
+        ), (command, line)
+        assert line.endswith("); alloc-ledger verify checks whether the log was edited"), command
