@@ -12,10 +12,10 @@ from commands.output import chosen, emit, emit_object, format_option
 from ledger.chain import Digest, current_digest
 from ledger.chain import verify as verify_chain
 from ledger.errors import LedgerError
+from projections.asof import OutOfRange
 from projections.audit import COLUMNS as AUDIT_COLUMNS
 from projections.audit import SECTIONS
 from projections.audit import audit as audit_history
-from projections.replay import OutOfRange
 from projections.replay import replay as replay_projections
 
 

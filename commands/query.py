@@ -14,7 +14,7 @@ from commands.output import emit, emit_object, format_option
 from ledger.errors import LedgerError
 from ledger.model import LIVE, TERMINAL, timestamp
 from ledger.store import Store
-from projections.asof import AsOf, rebuild, state_at
+from projections.asof import AsOf, OutOfRange, head_within, rebuild, state_at
 from projections.history import history as history_of
 from projections.projector import Projector
 from projections.queries import COLUMNS, Queries
@@ -84,15 +84,10 @@ def answering(ctx: click.Context, as_of: str | None) -> Iterator[tuple[Queries, 
 def _within_the_log(store: Store, point: AsOf) -> None:
     """A position past the head has no state "right after" it (a moment
     past the last event does: everything)."""
-    if point.position is None:
-        return
-    with store.reading() as cursor:
-        head = store.head(cursor)
-    if point.position > head:
-        raise click.BadParameter(
-            f"position {point.position} is beyond the head of the log ({head})",
-            param_hint="--as-of",
-        )
+    try:
+        head_within(store, point.position)
+    except OutOfRange as error:
+        raise click.BadParameter(str(error), param_hint="--as-of") from None
 
 
 def _named(name: str, help_text: str) -> Callable[[Callable[..., Any]], click.Command]:

@@ -18,6 +18,20 @@ from projections import checkpoints, tables
 from projections.rows import Statements, write_changes
 
 
+class OutOfRange(LedgerError):
+    """A position given for a range of history that the log does not hold."""
+
+
+def head_within(store: Store, position: int | None, name: str = "position") -> int:
+    """The head of the log; ``OutOfRange`` if ``position`` is past it (there
+    is no state right after an event the log does not hold yet)."""
+    with store.reading() as cursor:
+        head = store.head(cursor)
+    if position is not None and position > head:
+        raise OutOfRange(f"{name} {position} is beyond the head of the log ({head})")
+    return head
+
+
 @dataclass(frozen=True)
 class AsOf:
     """A point of history: a position, or a time (``at`` at or before it)."""

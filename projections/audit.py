@@ -32,7 +32,7 @@ from ledger.domain import Changes, Cluster
 from ledger.model import Allocation
 from ledger.records import Record, decode, replay
 from ledger.store import Store
-from projections.replay import OutOfRange
+from projections.asof import OutOfRange, head_within
 
 SECTIONS = (
     "rejections", "reconnects", "zombie_slots", "releasing_addresses", "suspects", "downs",
@@ -290,14 +290,11 @@ def _started(row: dict[str, Any]) -> tuple[int, str]:
 @fewer_collections()
 def audit(store: Store, start: int | None = None, end: int | None = None) -> AuditReport:
     """Replay the log up to ``end`` and report what was unusual from ``start`` on."""
-    with store.reading() as cursor:
-        head = store.head(cursor)
+    head = head_within(store, end, "--to")
     first = 1 if start is None else start
     last = head if end is None else end
     if first < 1:
         raise OutOfRange("--from must be a position of at least 1")
-    if last > head:
-        raise OutOfRange(f"--to {last} is beyond the head of the log ({head})")
     if first > last and head > 0:
         raise OutOfRange(f"--from {first} is after --to {last}")
     auditor = Auditor(first)

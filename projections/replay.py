@@ -33,7 +33,7 @@ from ledger.pipeline import prompt_switches
 from ledger.records import Progress, replay_log
 from ledger.store import Store
 from projections import tables
-from projections.asof import AsOf, rebuild
+from projections.asof import AsOf, head_within, rebuild
 from projections.rows import ChangedRows, Statements, changed_rows
 
 CHUNK = 50_000  # events replayed per transaction (SQLite writers wait for each)
@@ -51,10 +51,6 @@ KEYS: dict[str, tuple[str, ...]] = {
 }
 # What writers decide against: everything but the logs kept for reporting.
 DECISIONS = ("nodes", "slots", "allocations", "addresses", "needs_reconnect", "zombie_slots")
-
-
-class OutOfRange(LedgerError):
-    """A position given for a range of history that the log does not hold."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -167,10 +163,7 @@ class Scratch:
 def replay(store: Store, to: int | None = None) -> ReplayReport:
     """Rebuild every projection from the log into scratch tables and compare
     them with the live tables (or, with ``to``, with the as-of state there)."""
-    with store.reading() as cursor:
-        head = store.head(cursor)
-    if to is not None and to > head:
-        raise OutOfRange(f"position {to} is beyond the head of the log ({head})")
+    head = head_within(store, to)
     prefix = f"replay_{secrets.token_hex(4)}_"
     scratch = Scratch(store, prefix)
     try:
