@@ -35,7 +35,7 @@ def _cell(value: Any) -> str:
     if isinstance(value, list):
         return ",".join(_cell(v) for v in value)
     if isinstance(value, dict):
-        return json.dumps(value, separators=(",", ":"))
+        return json.dumps(value, separators=(",", ":"), ensure_ascii=False)
     return str(value)
 
 

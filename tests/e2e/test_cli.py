@@ -697,7 +697,7 @@ def cell(value: Any) -> str:
     if isinstance(value, list):
         return ",".join(cell(v) for v in value)
     if isinstance(value, dict):
-        return json.dumps(value, separators=(",", ":"))
+        return json.dumps(value, separators=(",", ":"), ensure_ascii=False)
     return str(value)
 
 
