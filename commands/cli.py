@@ -23,6 +23,7 @@ class StoreError(click.ClickException):
 
 
 MODULES = ("submit", "query", "admin", "audit", "demo")
+WORDS = "alloc_ledger.words"
 # Where the commands run one-shot by tools live, so only that module is imported.
 HOME = {
     "submit": "submit",
@@ -75,14 +76,19 @@ class LedgerGroup(click.Group):
         except click.UsageError as error:
             raise one_line(error, error.ctx.command_path if error.ctx else "alloc-ledger") from None
 
+    def resolve_command(
+        self, ctx: click.Context, args: list[str]
+    ) -> tuple[str | None, click.Command | None, list[str]]:
+        ctx.meta[WORDS] = list(args)  # the command and its arguments, for ``_named``
+        return super().resolve_command(ctx, args)
+
     def invoke(self, ctx: click.Context) -> Any:
-        words = [*ctx.protected_args, *ctx.args]  # click empties them as it goes
         try:
             return super().invoke(ctx)
         except click.exceptions.NoArgsIsHelpError:
             raise
         except click.UsageError as error:
-            raise one_line(error, self._named(ctx, words)) from None
+            raise one_line(error, self._named(ctx, ctx.meta.get(WORDS, []))) from None
         except StoreUnavailable as error:
             raise StoreError(str(error)) from None
         except LedgerError as error:
