@@ -84,8 +84,11 @@ class Allocation:
         if not self.needs_reconnect or self.unknown_since_at is None:
             return None
         since = datetime.strptime(self.unknown_since_at, "%Y-%m-%dT%H:%M:%S.%fZ")
-        moment = since + timedelta(seconds=self.max_disconnect or 0)
-        return moment.strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+        try:
+            moment = since + timedelta(seconds=self.max_disconnect or 0)
+        except OverflowError:  # past the year 9999: never, in the one text form
+            moment = datetime.max
+        return moment.isoformat(timespec="microseconds") + "Z"
 
     def placement(self) -> tuple[object, ...]:
         return (self.node, self.slot, self.job, tuple(self.addresses), self.max_disconnect)

@@ -245,6 +245,23 @@ def test_a_missed_heartbeat_disconnects_a_node_with_an_allocation_that_may_wait(
     assert cluster.needing_reconnect() == ["a1"]
 
 
+@pytest.mark.parametrize(("since", "deadline"), [
+    ("2026-01-01T00:00:00Z", "2026-01-01T00:05:00.000000Z"),
+    ("0999-01-01T00:00:00Z", "0999-01-01T00:05:00.000000Z"),  # the one fixed-width form
+    ("9999-12-31T23:59:00Z", "9999-12-31T23:59:59.999999Z"),  # past the year 9999: never
+])
+def test_the_deadline_is_the_disconnect_plus_max_disconnect_in_one_text_form(
+    cluster, since, deadline
+):
+    cluster.ready_node("n1", slots=1)
+    cluster.running("a1", "n1", slot=0, max_disconnect=300)
+
+    cluster.happens("heartbeat-missed", node="n1", at=since)
+
+    assert cluster.one("SELECT deadline FROM allocations WHERE alloc = ?", "a1") == {
+        "deadline": deadline}
+
+
 def test_an_allocation_waiting_for_its_node_keeps_its_slot_and_addresses(cluster):
     cluster.ready_node("n1", slots=1)
     cluster.running("a1", "n1", slot=0, addresses=["10.0.0.5"], max_disconnect=300)
