@@ -41,7 +41,15 @@ from ledger.postgres_handoff import TABLES as HANDOFF_TABLES
 from ledger.postgres_handoff import Handoff
 from ledger.postgres_preload import KNOWN_IDS, Preload, known_ids, named_by, not_cached
 from ledger.postgres_writes import LogRecorder
-from ledger.store import LEDGER_STREAM, PROJECTIONS, Decider, LoggedEvent, decide_here, seconds
+from ledger.store import (
+    LEDGER_STREAM,
+    PROJECTIONS,
+    Decider,
+    LoggedEvent,
+    decide_here,
+    redacted,
+    seconds,
+)
 from projections import tables
 from projections.rows import ChangedRows, Statements
 
@@ -101,14 +109,6 @@ def describe(error: BaseException) -> str:
     text = primary or str(cause) or type(cause).__name__
     lines = [line.strip() for line in text.splitlines() if line.strip()]
     return lines[0] if lines else type(cause).__name__
-
-
-def redacted(parts: SplitResult) -> str:
-    """The URL without its password, for messages."""
-    if parts.password is None:
-        return parts.geturl()
-    netloc = parts.netloc.replace(f":{parts.password}@", ":***@", 1)
-    return parts._replace(netloc=netloc).geturl()
 
 
 class PostgresStore:

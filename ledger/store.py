@@ -12,7 +12,7 @@ import os
 from collections.abc import Iterator
 from contextlib import AbstractContextManager
 from typing import Any, NamedTuple, Protocol
-from urllib.parse import parse_qs, urlsplit
+from urllib.parse import SplitResult, parse_qs, urlsplit
 from uuid import NAMESPACE_URL, uuid5
 
 from eventsourcing.persistence import StoredEvent
@@ -147,13 +147,40 @@ def store_url(url: str | None) -> str:
     return url or os.environ.get("ALLOC_LEDGER_STORE") or DEFAULT_URL
 
 
+def redacted(parts: SplitResult) -> str:
+    """The URL without its password, for messages."""
+    if parts.password is None:
+        return parts.geturl()
+    netloc = parts.netloc.replace(f":{parts.password}@", ":***@", 1)
+    return parts._replace(netloc=netloc).geturl()
+
+
+def _options(url: str, parts: SplitResult, given: dict[str, list[str]]) -> dict[str, str]:
+    """A URL's parameters, each given once and with a value: a repeated or
+    empty one (say ``schema=$UNSET``) is refused, not read as the default."""
+    for name, values in given.items():
+        problem = "is given twice" if len(values) > 1 else "has no value" if not values[0] else ""
+        if problem:
+            raise StoreUnavailable(
+                f"cannot open store {url if parts.password is None else redacted(parts)}: "
+                f"parameter {name} {problem}"
+            )
+    return {name: values[0] for name, values in given.items()}
+
+
 def open_store(url: str | None = None, create: bool = True) -> Store:
     """Open the store a URL names; create it if needed, or with ``create``
     false refuse one that holds no ledger yet (a mistyped path or schema
     must not read as an empty, valid ledger)."""
+    if url == "":
+        raise StoreUnavailable("cannot open store '': the store URL is empty")
     url = store_url(url)
-    parts = urlsplit(url)
-    options = {k: v[-1] for k, v in parse_qs(parts.query).items()}
+    try:
+        parts = urlsplit(url)
+        parts.port  # noqa: B018 - checks it: out of range raises
+    except ValueError as error:  # the URL is not shown: it may hold a password
+        raise StoreUnavailable(f"cannot open store: the URL is malformed ({error})") from None
+    options = _options(url, parts, parse_qs(parts.query, keep_blank_values=True))
     if parts.scheme == "sqlite":
         from ledger.sqlite_store import SQLiteStore
 

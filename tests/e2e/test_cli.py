@@ -491,6 +491,24 @@ def test_a_bad_sqlite_url_parameter_exits_3_naming_it(tmp_path, query, message):
     assert list(tmp_path.iterdir()) == []
 
 
+@pytest.mark.parametrize(("url", "message"), [
+    ("", "cannot open store '': the store URL is empty"),
+    ("postgresql://ops:secret@127.0.0.1:99999/db",
+     "cannot open store: the URL is malformed (Port out of range 0-65535)"),
+    ("postgresql://ops:secret@[::1/db", "cannot open store: the URL is malformed (Invalid IPv6 URL)"),
+    ("postgresql://ops:secret@127.0.0.1/db?schema=",
+     "cannot open store postgresql://ops:***@127.0.0.1/db?schema=: parameter schema has no value"),
+    ("postgresql://ops:secret@127.0.0.1/db?writers=lock&writers=combine",
+     "cannot open store postgresql://ops:***@127.0.0.1/db?writers=lock&writers=combine: "
+     "parameter writers is given twice"),
+    ("sqlite:///x.db?timeout=1&timeout=2",
+     "cannot open store sqlite:///x.db?timeout=1&timeout=2: parameter timeout is given twice"),
+])
+def test_a_malformed_store_url_exits_3_in_one_line_without_its_password(tmp_path, url, message):
+    result = invoke(["--store", url, "query", "nodes"], code=3)
+    one_line_store_error(result, message)
+
+
 class Locked:
     """A store another connection holds an exclusive write lock on."""
 
