@@ -119,6 +119,8 @@ def grant_reporting(ctx: click.Context, role: str) -> None:
 
     Example: alloc-ledger --store postgresql://ledger@db/ops grant-reporting grafana
     """
+    if not role.strip():
+        raise click.BadParameter("a role name is needed", param_hint="ROLE")
     url = store_url(store_of(ctx))
     if urlsplit(url).scheme not in ("postgresql", "postgres"):
         raise click.ClickException(

@@ -484,8 +484,21 @@ class PostgresStore:
             with self.datastore.get_connection() as connection, connection.transaction():
                 for statement in statements:
                     connection.execute(statement)
+                # A GRANT by a role that may not grant only warns: check what took.
+                missing = connection.execute(
+                    "SELECT n FROM unnest(%s::text[]) n "
+                    "WHERE NOT has_table_privilege(%s::text, format('%%I.%%I', %s::text, n), "
+                    "'SELECT') OR NOT has_schema_privilege(%s::text, %s::text, 'USAGE')",
+                    (names, role, self.schema, role, self.schema),
+                ).fetchall()
         except (psycopg.Error, PersistenceError) as error:
             raise LedgerError(f"cannot grant reporting to {role}: {describe(error)}") from None
+        if missing:
+            raise LedgerError(
+                f"cannot grant reporting to {role}: this connection's role may not grant "
+                f"SELECT on {', '.join(row['n'] for row in missing)} (the owner of the "
+                "ledger's schema can)"
+            )
         return names
 
     def close(self) -> None:

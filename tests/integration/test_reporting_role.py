@@ -134,6 +134,34 @@ def test_an_unknown_role_is_one_clear_line(ledger_url, alloc_ledger):
     )
 
 
+def test_a_role_that_may_not_grant_is_told_so_not_told_it_granted(
+    granted, ledger_url, alloc_ledger, pg_admin
+):
+    other = f"{granted}_b"
+    pg_admin(f"CREATE ROLE {other} LOGIN")
+    try:
+        parts = urlsplit(ledger_url)
+        as_reporter = parts._replace(netloc=f"{granted}@{parts.hostname}:{parts.port or 5432}")
+        result = alloc_ledger("grant-reporting", other, url=as_reporter.geturl())
+    finally:
+        pg_admin(f"DROP OWNED BY {other}")
+        pg_admin(f"DROP ROLE {other}")
+
+    assert result.returncode == 1, result.stderr
+    assert result.stderr.startswith(
+        f"Error: cannot grant reporting to {other}: this connection's role may not grant "
+        "SELECT on nodes, slots, allocations"
+    ), result.stderr
+    assert result.stderr.count("\n") == 1
+
+
+def test_an_empty_role_is_a_usage_error(ledger_url, alloc_ledger):
+    result = alloc_ledger("grant-reporting", "", url=ledger_url)
+
+    assert result.returncode == 2
+    assert "a role name is needed" in result.stderr
+
+
 def test_sqlite_has_no_roles(tmp_path, alloc_ledger):
     result = alloc_ledger("grant-reporting", "grafana", url=f"sqlite:///{tmp_path}/l.db")
 
