@@ -95,8 +95,9 @@ class LedgerGroup(click.Group):
             raise click.ClickException(str(error)) from None
         except (click.ClickException, click.exceptions.Exit, click.Abort):
             raise
-        except KeyboardInterrupt:
-            raise click.Abort() from None
+        except KeyboardInterrupt:  # Ctrl-C: what was reported before it is kept
+            click.echo("Error: interrupted", err=True)
+            raise click.exceptions.Exit(130) from None
         except BrokenPipeError:
             sys.stderr.close()
             raise click.exceptions.Exit(1) from None

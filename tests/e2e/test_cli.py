@@ -11,6 +11,7 @@ import io
 import json
 import os
 import re
+import signal
 import sqlite3
 import subprocess
 import sys
@@ -247,6 +248,23 @@ def test_submit_stdin_through_a_pipe(url):
     )
     assert (done.returncode, done.stderr) == (1, "")
     assert done.stdout == MIXED_RESULTS
+
+
+def test_ctrl_c_on_a_stream_exits_130_in_one_line_keeping_what_was_reported(url):
+    writer = subprocess.Popen(
+        [sys.executable, "-m", "commands", "--store", url, "submit", "-"],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )
+    assert writer.stdin is not None and writer.stdout is not None
+    writer.stdin.write(lines({"type": "node-registered", "node": "n1"}))
+    writer.stdin.flush()
+    assert writer.stdout.readline() == result_line(1, "appended", 1)
+
+    writer.send_signal(signal.SIGINT)
+    _, errors = writer.communicate(timeout=60)
+
+    assert (writer.returncode, errors) == (130, "Error: interrupted\n")
+    assert json.loads(invoke(store(url, "query", "nodes")).stdout)[0]["node"] == "n1"
 
 
 def test_submit_quiet_prints_only_a_summary(tmp_path, url):
