@@ -4,6 +4,7 @@ fresh store, each question answered on the way, printed as tables."""
 from __future__ import annotations
 
 import json
+import shlex
 import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -19,13 +20,16 @@ from ledger.application import Ledger, Receipt
 from ledger.model import timestamp
 from ledger.store import Store
 from projections.history import history
+from projections.projector import Projector
 from projections.queries import COLUMNS, Queries
 
 WIDE = ("event",)  # columns too wide for the demo's tables (the query commands print them)
 
 
 def answer(store: Store, ask: Ask) -> list[dict[str, Any]] | dict[str, Any]:
-    """Ask one question of the live projection tables (rows, or one object for alloc)."""
+    """Ask one question of the live projection tables (rows, or one object for
+    alloc), brought up to date first (on PostgreSQL a follower would)."""
+    Projector(store).update()
     if ask.query == "history":
         assert ask.target is not None
         return history(store, ask.target)
@@ -160,7 +164,7 @@ def demo(ctx: click.Context, store: str | None) -> None:
             show_answer(ledger, ask)
     click.echo()
     if url is not None:
-        click.echo(f"The store is kept: alloc-ledger --store {url} query nodes")
+        click.echo(f"The store is kept: alloc-ledger --store {shlex.quote(url)} query nodes")
     else:
         click.echo("Run with --store sqlite:///demo.db to keep the store and query it.")
     if astray:

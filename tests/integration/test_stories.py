@@ -409,3 +409,18 @@ def test_the_stories_told_as_dicts_are_decided_as_told_as_json(tmp_path):
     assert [(r.status, r.error) for r in receipts] == [
         (step.expect, step.reason) for story in STORIES for step in story.steps
     ]
+
+
+def test_the_demo_on_postgresql_with_a_follower_answers_as_on_sqlite(
+    pg_url: str, tmp_path: Path, alloc_ledger: Any
+) -> None:
+    """The demo brings the tables up to date before each question: with the
+    default projections (kept by a follower) none would run during it."""
+    on_pg = alloc_ledger("demo", url=pg_url)
+    on_sqlite = alloc_ledger("demo", url=f"sqlite:///{tmp_path}/demo.db")
+
+    assert on_pg.returncode == 0, on_pg.stderr
+    assert on_sqlite.returncode == 0, on_sqlite.stderr
+    def answers(text: str) -> list[str]:
+        return [line for line in text.splitlines() if "store" not in line]
+    assert answers(on_pg.stdout) == answers(on_sqlite.stdout)
