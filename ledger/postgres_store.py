@@ -122,7 +122,7 @@ class PostgresStore:
     ) -> None:
         self.url = url
         self.create = create
-        self.shown = redacted(parts)
+        self.shown = redacted(url)
         unknown = set(options) - OPTIONS
         if unknown:
             known = ", ".join(sorted(OPTIONS))

@@ -12,7 +12,7 @@ import os
 from collections.abc import Iterator
 from contextlib import AbstractContextManager
 from typing import Any, NamedTuple, Protocol
-from urllib.parse import SplitResult, parse_qs, urlsplit
+from urllib.parse import parse_qs, urlsplit
 from uuid import NAMESPACE_URL, uuid5
 
 from eventsourcing.persistence import StoredEvent
@@ -147,23 +147,20 @@ def store_url(url: str | None) -> str:
     return url or os.environ.get("ALLOC_LEDGER_STORE") or DEFAULT_URL
 
 
-def redacted(parts: SplitResult) -> str:
-    """The URL without its password, for messages."""
-    if parts.password is None:
-        return parts.geturl()
-    netloc = parts.netloc.replace(f":{parts.password}@", ":***@", 1)
-    return parts._replace(netloc=netloc).geturl()
+def redacted(url: str) -> str:
+    """The URL as given, its password masked, for messages."""
+    password = urlsplit(url).password
+    return url if password is None else url.replace(f":{password}@", ":***@", 1)
 
 
-def _options(url: str, parts: SplitResult, given: dict[str, list[str]]) -> dict[str, str]:
+def _options(url: str, given: dict[str, list[str]]) -> dict[str, str]:
     """A URL's parameters, each given once and with a value: a repeated or
     empty one (say ``schema=$UNSET``) is refused, not read as the default."""
     for name, values in given.items():
         problem = "is given twice" if len(values) > 1 else "has no value" if not values[0] else ""
         if problem:
             raise StoreUnavailable(
-                f"cannot open store {url if parts.password is None else redacted(parts)}: "
-                f"parameter {name} {problem}"
+                f"cannot open store {redacted(url)}: parameter {name} {problem}"
             )
     return {name: values[0] for name, values in given.items()}
 
@@ -180,7 +177,7 @@ def open_store(url: str | None = None, create: bool = True) -> Store:
         parts.port  # noqa: B018 - checks it: out of range raises
     except ValueError as error:  # the URL is not shown: it may hold a password
         raise StoreUnavailable(f"cannot open store: the URL is malformed ({error})") from None
-    options = _options(url, parts, parse_qs(parts.query, keep_blank_values=True))
+    options = _options(url, parse_qs(parts.query, keep_blank_values=True))
     if parts.scheme == "sqlite":
         from ledger.sqlite_store import SQLiteStore
 
