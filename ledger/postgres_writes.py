@@ -29,6 +29,7 @@ from projections.rows import (
     NODE_COLUMNS,
     SLOT_COLUMNS,
     ChangedRows,
+    names,
     updates,
 )
 
@@ -64,10 +65,10 @@ def as_json(rows: Rows) -> str:
 
 def inserted(table: str, columns: str, types: dict[str, str]) -> str:
     """``INSERT INTO table (columns) SELECT * FROM`` the rows of ``rows_of``."""
-    names = [c.strip() for c in columns.split(",")]
+    listed = names(columns)
     return (
-        f"INSERT INTO {table} ({', '.join(names)}) "
-        f"SELECT * FROM {rows_of([types[name] for name in names])} rows"
+        f"INSERT INTO {table} ({', '.join(listed)}) "
+        f"SELECT * FROM {rows_of([types[name] for name in listed])} rows"
     )
 
 

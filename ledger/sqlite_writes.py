@@ -25,6 +25,7 @@ from projections.rows import (
     NODE_COLUMNS,
     SLOT_COLUMNS,
     ChangedRows,
+    names,
     updates,
 )
 
@@ -37,10 +38,10 @@ def picked(count: int) -> str:
 
 
 def inserted(table: str, columns: str) -> str:
-    names = [c.strip() for c in columns.split(",")]
+    listed = names(columns)
     return (
-        f"INSERT INTO {table} ({', '.join(names)}) "
-        f"SELECT {picked(len(names))} FROM json_each(?) WHERE true"  # WHERE: see ON CONFLICT
+        f"INSERT INTO {table} ({', '.join(listed)}) "
+        f"SELECT {picked(len(listed))} FROM json_each(?) WHERE true"  # WHERE: see ON CONFLICT
     )
 
 
