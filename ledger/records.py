@@ -11,7 +11,6 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass
-from functools import partial
 from typing import Any
 
 import orjson
@@ -19,11 +18,10 @@ import orjson
 from ledger.domain import Cluster
 from ledger.errors import LedgerError, RuleViolation
 from ledger.model import Fact
-from ledger.store import Kept, LoggedEvent
+from ledger.store import Kept, LoggedEvent, logged
 
 REJECTED = "rejected"
 _blank_fact = object.__new__
-_LOGGED = partial(tuple.__new__, LoggedEvent)  # without NamedTuple's checks
 
 
 @dataclass(slots=True)
@@ -53,7 +51,7 @@ def encode(record: Record) -> LoggedEvent:
         state["touches"] = record.touches
     if record.reason is not None:
         state["reason"] = record.reason
-    return _LOGGED((record.position, record.topic, orjson.dumps(state)))
+    return logged((record.position, record.topic, orjson.dumps(state)))
 
 
 def decode(stored: Kept) -> Record:

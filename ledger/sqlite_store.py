@@ -11,7 +11,7 @@ import os
 import sqlite3
 from collections.abc import Iterator
 from contextlib import closing, contextmanager
-from functools import cache, partial
+from functools import cache
 from typing import Any
 from urllib.parse import quote
 
@@ -20,12 +20,19 @@ from eventsourcing.sqlite import SQLiteConnectionPool, SQLiteDatastore, SQLitePr
 
 from ledger import sqlite_writes
 from ledger.errors import StoreUnavailable
-from ledger.store import LEDGER_STREAM, PROJECTIONS, Decider, LoggedEvent, decide_here, seconds
+from ledger.store import (
+    LEDGER_STREAM,
+    PROJECTIONS,
+    Decider,
+    LoggedEvent,
+    decide_here,
+    logged,
+    seconds,
+)
 from projections import tables
 
 SCHEMA_VERSION = 1
 MIN_SQLITE = (3, 33, 0)
-_LOGGED = partial(tuple.__new__, LoggedEvent)  # a row as a LoggedEvent, without _make's checks
 PAGE = 5000
 
 APPEND_ONLY = [
@@ -255,7 +262,7 @@ class SQLiteStore:
                 cursor.row_factory = None
                 cursor.execute(statement, (self.stream, after, last, PAGE))
                 page = cursor.fetchall()
-            yield from map(_LOGGED, page)
+            yield from map(logged, page)
             if len(page) < PAGE:
                 return
             after = page[-1][0]

@@ -11,6 +11,7 @@ import math
 import os
 from collections.abc import Iterator
 from contextlib import AbstractContextManager
+from functools import partial
 from typing import Any, NamedTuple, Protocol
 from urllib.parse import parse_qs, urlsplit
 from uuid import NAMESPACE_URL, uuid5
@@ -36,6 +37,7 @@ class LoggedEvent(NamedTuple):
 
 
 Kept = StoredEvent | LoggedEvent  # what decoding accepts
+logged = partial(tuple.__new__, LoggedEvent)  # a LoggedEvent from a tuple, without _make's checks
 
 
 class Decider(Protocol):
