@@ -95,6 +95,7 @@ class SQLiteStore:
     param = "?"
     state_prefix = ""  # decisions read the projection tables themselves
     projects_inline = True
+    overlaps = True  # a file (never in memory): a reader reads while the writer thread writes
 
     def __init__(self, url: str, path: str, options: dict[str, str], create: bool = True) -> None:
         self.url = url
@@ -116,8 +117,6 @@ class SQLiteStore:
         try:
             self.datastore = SQLiteDatastore(path, lock_timeout=int(timeout) or 1)
             self.recorder = SQLiteProcessRecorder(self.datastore)
-            # a reader may read while the writer thread writes (not in memory)
-            self.overlaps = not self.datastore.pool.is_sqlite_memory_mode
             self._create_schema()
         except (PersistenceError, sqlite3.Error) as error:
             raise StoreUnavailable(f"cannot open store {url}: {describe(error)}") from None
