@@ -19,7 +19,7 @@ from ledger.chain import GENESIS, link
 from ledger.collection import fewer_collections
 from ledger.domain import AlreadyPlaced, Cluster, touched_by
 from ledger.errors import InvalidEvent, LedgerError, RuleViolation
-from ledger.model import Event, Fact, Receipt, timestamp
+from ledger.model import Event, Fact, Receipt, answered, timestamp, valid_of
 from ledger.records import REJECTED, Record, encode
 from ledger.store import LoggedEvent, Store, open_store
 from projections.projector import Projector
@@ -104,11 +104,8 @@ class Ledger:
     def submit_batch(self, items: list[Submission]) -> list[Receipt]:
         """Validate, decide and append a batch in one transaction."""
         parsed: list[Event | Receipt] = [self.parse(i) for i in items]
-        valid = [p for p in parsed if not isinstance(p, Receipt)]
-        if not valid:
-            return [p for p in parsed if isinstance(p, Receipt)]
-        answers = iter(self.store.decide(valid, self))
-        return [p if isinstance(p, Receipt) else next(answers) for p in parsed]
+        valid = valid_of(parsed)
+        return answered(parsed, self.store.decide(valid, self) if valid else [])
 
     @staticmethod
     def parse(item: Submission) -> Event | Receipt:

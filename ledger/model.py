@@ -148,3 +148,15 @@ class Receipt:
 
     def as_dict(self) -> dict[str, Any]:
         return {"status": self.status, "position": self.position, "error": self.error}
+
+
+def valid_of(parsed: list[Event | Receipt]) -> list[Event]:
+    """The events of a parsed batch that go on to be decided (not the invalid)."""
+    return [p for p in parsed if not isinstance(p, Receipt)]
+
+
+def answered(parsed: list[Event | Receipt], decided: list[Receipt]) -> list[Receipt]:
+    """Every item's receipt: an invalid one's own, the others' from ``decided``
+    (the receipts of ``valid_of(parsed)``, in order)."""
+    answers = iter(decided)
+    return [p if isinstance(p, Receipt) else next(answers) for p in parsed]

@@ -28,7 +28,7 @@ from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
 from ledger.collection import fewer_collections
-from ledger.model import Event, Receipt
+from ledger.model import Event, Receipt, answered, valid_of
 
 if TYPE_CHECKING:
     from ledger.application import Decided, Ledger
@@ -63,8 +63,7 @@ class InFlight:
 
     def result(self) -> list[Receipt]:
         """Every item's receipt, once the batch is committed (raise if it failed)."""
-        answers = iter(self.receipts.result() if self.receipts is not None else ())
-        return [p if isinstance(p, Receipt) else next(answers) for p in self.parsed]
+        return answered(self.parsed, self.receipts.result() if self.receipts is not None else [])
 
     def outcome(self) -> list[Receipt] | None:
         """``result()``, or None if the batch failed."""
@@ -91,7 +90,7 @@ def overlapped(ledger: Ledger, batches: Iterable[list[Any]]) -> Iterator[list[Re
             try:
                 for items in batches:
                     parsed = [ledger.parse(item) for item in items]
-                    valid = [p for p in parsed if not isinstance(p, Receipt)]
+                    valid = valid_of(parsed)
                     ahead = None
                     if valid and flying is not None:
                         flying.decided.wait()
