@@ -462,16 +462,21 @@ READING = [
 ]
 
 
+@pytest.mark.parametrize("there", ["missing", "an empty file"])
 @pytest.mark.parametrize("args", READING, ids=" ".join)
-def test_reading_a_store_that_does_not_exist_exits_3_and_creates_nothing(tmp_path, args):
+def test_reading_where_there_is_no_ledger_exits_3_and_writes_nothing(tmp_path, args, there):
     """A mistyped path must not read as an empty, valid ledger."""
-    url = f"sqlite:///{tmp_path}/typo.db"
+    path = tmp_path / "typo.db"
+    if there == "an empty file":
+        path.touch()
+    before = [(p.name, p.stat().st_size) for p in tmp_path.iterdir()]
+    url = f"sqlite:///{path}"
     result = invoke(store(url, *args), code=3)
     one_line_store_error(
-        result, f"cannot open store {url}: there is no ledger at {tmp_path}/typo.db "
+        result, f"cannot open store {url}: there is no ledger at {path} "
         "(nothing has been submitted to it; check --store)"
     )
-    assert list(tmp_path.iterdir()) == []
+    assert [(p.name, p.stat().st_size) for p in tmp_path.iterdir()] == before
 
 
 @pytest.mark.parametrize("url", ["sqlite://", "sqlite:///:memory:", "sqlite:///file::memory:"])
@@ -481,19 +486,6 @@ def test_an_in_memory_store_is_refused(url):
         result, f"cannot open store {url}: an in-memory store keeps nothing once it is "
         "closed; name a file, e.g. sqlite:///alloc-ledger.db"
     )
-
-
-@pytest.mark.parametrize("args", READING, ids=" ".join)
-def test_reading_a_file_that_holds_no_ledger_exits_3_and_writes_nothing(tmp_path, args):
-    empty = tmp_path / "empty.db"
-    empty.touch()
-    url = f"sqlite:///{empty}"
-    result = invoke(store(url, *args), code=3)
-    one_line_store_error(
-        result, f"cannot open store {url}: there is no ledger at {empty} "
-        "(nothing has been submitted to it; check --store)"
-    )
-    assert [(p.name, p.stat().st_size) for p in tmp_path.iterdir()] == [("empty.db", 0)]
 
 
 @pytest.mark.parametrize(("query", "message"), [
