@@ -122,10 +122,11 @@ class Scratch:
     @fewer_collections()
     def replay_to(self, target: int) -> None:
         """Replay up to ``target``, a chunk at a time: read (a page per read
-        transaction) and applied, its rows written in a transaction of their own; where the
-        store can (``overlaps``), in a thread while the next chunk replays
-        (``ledger.pipeline``). Every entity is kept in memory from the first
-        chunk on, so nothing is ever loaded from the scratch tables."""
+        transaction) and applied, its rows written in a transaction of their
+        own; where the store can (``overlaps``), in a thread while the next
+        chunk replays (``ledger.pipeline``). Every entity is kept in memory
+        from the first chunk on, so nothing is ever loaded from the scratch
+        tables."""
         started = time.perf_counter()
         with (
             prompt_switches(),
