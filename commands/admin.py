@@ -3,18 +3,15 @@
 from __future__ import annotations
 
 import json
-import signal
-import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
 from urllib.parse import urlsplit
 
 import click
 
+from commands import follower
 from commands.cli import store_of
 from ledger.application import Ledger
 from ledger.events import json_schema
-from ledger.store import Store, open_store, store_url
+from ledger.store import open_store, store_url
 
 BATCH = 1000
 
@@ -32,8 +29,13 @@ BATCH = 1000
     "--poll", default=1.0, show_default=True, type=click.FloatRange(0.01, 3600),
     help="With --follow: seconds between checks when no notification arrives.",
 )
+@click.option(
+    "--reconnect/--no-reconnect", default=True, show_default=True,
+    help="With --follow: when the store is lost, reopen it (after 1 s, doubling up to "
+    "30 s) and go on, or exit 3.",
+)
 @click.pass_context
-def project(ctx: click.Context, follow: bool, batch: int, poll: float) -> None:
+def project(ctx: click.Context, follow: bool, batch: int, poll: float, reconnect: bool) -> None:
     """Bring the projection tables up to date with the log.
 
     Events are applied in transactions of at most --batch events, each
@@ -42,67 +44,20 @@ def project(ctx: click.Context, follow: bool, batch: int, poll: float) -> None:
     going: on PostgreSQL each append wakes the follower (LISTEN/NOTIFY); one
     JSON progress line is printed per transaction, and Ctrl-C or SIGTERM stops
     it cleanly. Several followers may run at once: each transaction locks the
-    tracking row, so no event is applied twice.
+    tracking row, so no event is applied twice. A follower that loses the
+    store (a server restart) warns on stderr and reconnects, unless
+    --no-reconnect; a store that cannot be opened at the start is exit 3.
 
     \b
     Example: alloc-ledger project
     Example: alloc-ledger --store postgresql://ledger@db/ops project --follow
     """
-    with Ledger.open(store_of(ctx)) as ledger:
-        if follow:
-            _follow(ledger, batch, poll)
-            return
-        first, last = _catch_up(ledger, batch)
-    click.echo(json.dumps({"from": first, "to": last, "applied": last - first}))
-
-
-def _catch_up(ledger: Ledger, batch: int, report: bool = False) -> tuple[int, int]:
-    """Apply everything appended so far, one transaction per batch."""
-    first: int | None = None
-    while True:
-        start, end = ledger.project(limit=batch)
-        if first is None:
-            first = start
-        if end <= start:
-            return first, end
-        if report:
-            _progress({"from": start, "to": end, "applied": end - start, "lag": ledger.lag()})
-
-
-def _follow(ledger: Ledger, batch: int, poll: float) -> None:
-    signal.signal(signal.SIGTERM, _interrupt)  # a service manager's stop ends it cleanly too
-    with _appends(ledger.store) as wait:
-        try:
-            _progress({"following": True, "lag": ledger.lag()})
-            while True:
-                _catch_up(ledger, batch, report=True)
-                wait(poll)
-        except KeyboardInterrupt:
-            _progress({"stopped": True, "lag": ledger.lag()})
-
-
-def _interrupt(signum: int, frame: object) -> None:
-    raise KeyboardInterrupt
-
-
-@contextmanager
-def _appends(store: Store) -> Iterator[Callable[[float], bool]]:
-    """Wake on appends: the store's notifications, or polling (SQLite)."""
-    listen = getattr(store, "appends", None)
-    if listen is not None:
-        with listen() as wait:
-            yield wait
+    if follow:
+        follower.follow(store_of(ctx), batch, poll, reconnect)
         return
-
-    def sleep(timeout: float) -> bool:
-        time.sleep(timeout)
-        return False
-
-    yield sleep
-
-
-def _progress(line: dict[str, object]) -> None:
-    click.echo(json.dumps(line))
+    with Ledger.open(store_of(ctx)) as ledger:
+        first, last = follower.catch_up(ledger, batch)
+    click.echo(json.dumps({"from": first, "to": last, "applied": last - first}))
 
 
 @click.command("grant-reporting")

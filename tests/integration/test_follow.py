@@ -26,10 +26,10 @@ ROOT = Path(__file__).resolve().parents[2]
 class Follower:
     """``alloc-ledger project --follow`` in its own process, its progress lines read as they come."""
 
-    def __init__(self, url: str, batch: int) -> None:
+    def __init__(self, url: str, batch: int, *options: str) -> None:
         self.process = subprocess.Popen(
             [sys.executable, "-m", "commands", "--store", url, "project", "--follow",
-             "--batch", str(batch), "--poll", "0.5"],
+             "--batch", str(batch), "--poll", "0.5", *options],
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT,
             env={**os.environ, "PYTHONPATH": str(ROOT)},
         )
@@ -53,8 +53,10 @@ class Follower:
     def batches(self) -> list[tuple[int, int]]:
         return [(line["from"], line["to"]) for line in self.lines if "applied" in line]
 
-    def stop(self, sig: int = signal.SIGINT) -> tuple[int, str]:
-        self.process.send_signal(sig)
+    def stop(self, sig: int | None = signal.SIGINT) -> tuple[int, str]:
+        """Signal the follower (None: it ends by itself) and wait for it."""
+        if sig is not None:
+            self.process.send_signal(sig)
         code = self.process.wait(timeout=30)
         self._reader.join()
         return code, self.process.stderr.read()  # type: ignore[union-attr]
@@ -188,3 +190,54 @@ def test_follow_on_sqlite_polls_and_stops_cleanly(tmp_path, sig):
 
     assert (code, errors) == (0, "")
     assert follower.lines == [{"following": True, "lag": 0}, {"stopped": True, "lag": 0}]
+
+
+def terminate(pg_admin: Any, application: str) -> int:
+    """End every server connection of one application, as a restart would."""
+    return len(pg_admin(
+        "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+        f"WHERE application_name = '{application}'"))
+
+
+def test_a_follower_whose_connections_are_cut_reconnects_and_goes_on(
+    pg_url, pg_schema, pg_admin, tmp_path, tables, replayed, alloc_ledger
+):
+    application = f"follower_{pg_schema}"
+    read = tables(pg_url)
+    follower = Follower(f"{pg_url}&application_name={application}", batch=100)
+    try:
+        submitted(alloc_ledger, pg_url, history_file(tmp_path, 500, 11))
+        head = read.head()
+        follower.wait_for(lambda: read.tracked() == head)
+
+        assert terminate(pg_admin, application) >= 1  # its listener at least
+        submitted(alloc_ledger, pg_url, history_file(tmp_path, 500, 12))
+        head = read.head()
+        follower.wait_for(lambda: read.tracked() == head)
+
+        assert read.snapshot() == replayed(pg_url)
+    finally:
+        code, errors = follower.stop()
+
+    assert code == 0
+    warning, = errors.splitlines()
+    assert warning.startswith(f"warning: store {pg_url}&application_name={application}: ")
+    assert warning.endswith("; reconnecting in 1 s")
+    assert sum(1 for line in follower.lines if line.get("reconnected")) == 1
+    applied = sorted(follower.batches)
+    assert [start for start, _ in applied] == [0] + [to for _, to in applied[:-1]]
+
+
+def test_a_follower_told_not_to_reconnect_exits_3_when_its_connections_are_cut(
+    pg_url, pg_schema, pg_admin, alloc_ledger
+):
+    application = f"follower_{pg_schema}"
+    follower = Follower(f"{pg_url}&application_name={application}", 100, "--no-reconnect")
+    assert terminate(pg_admin, application) >= 1
+    alloc_ledger("submit", "node-registered", "--node", "n1", url=pg_url)  # wakes it if need be
+
+    code, errors = follower.stop(None)
+
+    assert code == 3
+    error, = errors.splitlines()
+    assert error.startswith(f"Error: store {pg_url}&application_name={application}: ")
