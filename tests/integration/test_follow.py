@@ -211,7 +211,9 @@ def test_a_follower_whose_connections_are_cut_reconnects_and_goes_on(
         follower.wait_for(lambda: read.tracked() == head)
 
         assert terminate(pg_admin, application) >= 1  # its listener at least
-        submitted(alloc_ledger, pg_url, history_file(tmp_path, 500, 12))
+        submitted(alloc_ledger, pg_url, history_file(tmp_path, 500, 12))  # while it is lost
+        follower.wait_for(lambda: any(line.get("reconnected") for line in follower.lines))
+        submitted(alloc_ledger, pg_url, history_file(tmp_path, 500, 13))  # once it is back
         head = read.head()
         follower.wait_for(lambda: read.tracked() == head)
 
