@@ -262,7 +262,7 @@ class Cluster:
             event["node"],
             event.get("slot"),
             event.get("job"),
-            tuple(event.get("addresses") or ()),
+            tuple(sorted(event.get("addresses") or ())),  # a set: in any order
             event.get("max_disconnect"),
         )
         if existing.placement() == wanted:
@@ -281,7 +281,7 @@ class Cluster:
             fields = ("job", "addresses", "max_disconnect")
             differ = [f for f, old, new in zip(fields, existing.placement()[2:], wanted[2:])
                       if old != new]
-            verb = "differs" if len(differ) == 1 else "differ"
+            verb = "differs" if differ in (["job"], ["max_disconnect"]) else "differ"
             raise errors.AllocationExists(
                 f"allocation {name} {held}, and its {' and '.join(differ)} {verb}; "
                 "placing it again must repeat the same fields"
@@ -346,8 +346,8 @@ class Cluster:
         if status == "disconnected" or status == "initializing":
             waiting = self.awaits_reconnect(node)
             self._set_status(node, "initializing" if waiting else "ready", fact)
-        elif status == "down":
-            self._set_status(node, "ready", fact)
+        elif status == "down" and self.down_ancestor(node) is None:
+            self._set_status(node, "ready", fact)  # not while what it runs on is gone
         node.last_heartbeat_at = fact.at
         node.last_heartbeat_position = position = fact.position
         if name in self._dirty_nodes:
@@ -359,10 +359,12 @@ class Cluster:
             for slot in self.slot_tables[name]:
                 value = reported.get(slot.slot)
                 # reported_position says since when the node reports this value
-                if value != slot.reported_alloc or slot.reported_position is None:
+                changed = value != slot.reported_alloc
+                if changed or slot.reported_position is None:
                     slot.reported_alloc = value
                     slot.reported_position = position
-                    self._changed_slot(slot, touch=False)
+                    # a slot the report leaves out, now reported empty, is in its history
+                    self._changed_slot(slot, touch=changed)
 
     def miss_heartbeat(self, event: Event, fact: Fact) -> None:
         node = self.check_node_exists(event["node"])
@@ -441,7 +443,7 @@ class Cluster:
         node = self.check_node_may_update(alloc)
         self._touch(node.node)
         if alloc.needs_reconnect:
-            alloc.needs_reconnect = False
+            self._stops_waiting(alloc)
             self._add_state(alloc, event["client_status"], fact)
         if node.status == "initializing":
             self._set_status(node, "ready", fact)
@@ -478,6 +480,15 @@ class Cluster:
         self._changed_alloc(alloc)
 
     # -- evolution helpers (never raise) -------------------------------------
+
+    def down_ancestor(self, node: Node) -> Node | None:
+        """The nearest node of its parent chain that is down or removed, if any."""
+        parent = self.node(node.parent) if node.parent is not None else None
+        while parent is not None:
+            if parent.status in ("down", "removed"):
+                return parent
+            parent = self.node(parent.parent) if parent.parent is not None else None
+        return None
 
     def awaits_reconnect(self, node: Node) -> bool:
         return any(self._live_alloc(a).needs_reconnect for a in self.live_allocs(node.node))
@@ -526,7 +537,7 @@ class Cluster:
             if child is None:
                 continue
             if child.status in ("down", "removed"):
-                self._cascade(child, why, fact)  # its own children may have come back
+                self._cascade(child, why, fact)  # down too, unless an older ledger let them back
             else:
                 self._take_down(child, why, fact)
 
@@ -539,9 +550,17 @@ class Cluster:
         self._add_state(alloc, "unknown", fact)
         self._changed_alloc(alloc)
 
+    @staticmethod
+    def _stops_waiting(alloc: Allocation) -> None:
+        """It no longer waits for its node to reconnect; when it was unknown,
+        its alloc states keep."""
+        alloc.needs_reconnect = False
+        alloc.unknown_since_position = None
+        alloc.unknown_since_at = None
+
     def _lose(self, alloc: Allocation, fact: Fact) -> None:
         alloc.client_status = "lost"
-        alloc.needs_reconnect = False
+        self._stops_waiting(alloc)
         alloc.updated_position = fact.position
         if DESIRED_ORDER[alloc.desired_status] < DESIRED_ORDER["stop"]:
             alloc.desired_status = "stop"

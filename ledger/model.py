@@ -91,7 +91,8 @@ class Allocation:
         return moment.isoformat(timespec="microseconds") + "Z"
 
     def placement(self) -> tuple[object, ...]:
-        return (self.node, self.slot, self.job, tuple(self.addresses), self.max_disconnect)
+        """What placing it fixed, addresses as a set (sorted)."""
+        return (self.node, self.slot, self.job, tuple(sorted(self.addresses)), self.max_disconnect)
 
 
 @dataclass(slots=True)

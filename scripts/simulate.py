@@ -363,9 +363,20 @@ class _Simulation:
         else:
             self.schedule(self.after(5, 60), K_REMOVE, root, root.epoch)
 
+    @staticmethod
+    def gone_above(node: Node) -> bool:
+        """A node of its parent chain is down or removed: a heartbeat does not
+        bring it back (the ledger's rule)."""
+        parent = node.parent
+        while parent is not None:
+            if parent.status == DOWN or parent.status == REMOVED:
+                return True
+            parent = parent.parent
+        return False
+
     def heartbeat(self, node: Node, zombie: tuple[int, str] | None = None) -> Body:
         status = node.status
-        if status != READY:
+        if status != READY and not (status == DOWN and self.gone_above(node)):
             if status == DISC and self.has_reconnecting(node):
                 self.set_status(node, INIT)
             else:
@@ -548,6 +559,8 @@ class _Simulation:
             if node.epoch != token or node.status == REMOVED:
                 return None
             body = self.heartbeat(node)
+            if node.status == DOWN:  # its parent is not back yet: it tries again later
+                self.schedule(self.after(30, 300), K_RETURN, node, node.epoch)
             if node.status == INIT:
                 delay = 0
                 for a in node.allocs.values():

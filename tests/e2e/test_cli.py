@@ -689,6 +689,23 @@ def test_history_of_a_slot(small):
     assert rows[0]["event"] == SMALL[2] | {"at": "2026-01-01T00:00:20.000000Z"}
 
 
+def test_history_of_a_slot_has_the_heartbeat_that_reports_it_empty_again(url):
+    """A report replaces the node's table: the slots it leaves out are reported
+    empty, and that clears a zombie, so it is in their history."""
+    invoke(store(url, "submit", "-"), input=lines(
+        {"type": "node-registered", "node": "n1", "slots": 2},
+        {"type": "heartbeat", "node": "n1", "slots": [{"slot": 0, "alloc": "zz"}]},
+        {"type": "heartbeat", "node": "n1", "slots": [{"slot": 1, "alloc": "yy"}]},
+        {"type": "heartbeat", "node": "n1", "slots": [{"slot": 1, "alloc": "yy"}]},
+    ))
+
+    slot0 = json.loads(invoke(store(url, "query", "history", "n1#0")).stdout)
+    slot1 = json.loads(invoke(store(url, "query", "history", "n1#1")).stdout)
+
+    assert [r["position"] for r in slot0] == [2, 3]  # 4 changes nothing of n1#0
+    assert [r["position"] for r in slot1] == [3, 4]  # named by both reports
+
+
 # -- every query, every format, live and as of a position or a time -----------------
 
 QUERIES = [

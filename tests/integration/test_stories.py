@@ -193,8 +193,8 @@ def test_nomad_a1_alloc_states_unknown_then_running(told):
     assert a1 == {
         "alloc": "a1", "node": "n1", "job": "web", "slot": None, "desired_status": "run",
         "client_status": "running", "needs_reconnect": False, "addresses": [],
-        "max_disconnect": 300, "unknown_since_position": 7,
-        "unknown_since_at": "2026-03-02T09:01:00.000000Z", "deadline": None,
+        "max_disconnect": 300, "unknown_since_position": None,  # it has reconnected
+        "unknown_since_at": None, "deadline": None,
         "placed_position": 3, "updated_position": 13, "removed": False,
         "alloc_states": [
             {"value": "unknown", "position": 7, "at": "2026-03-02T09:01:00.000000Z"},

@@ -178,6 +178,28 @@ def test_placing_again_on_the_same_node_names_every_field_that_differs(cluster):
     )
 
 
+def test_the_same_addresses_in_another_order_are_the_same_placement(cluster):
+    cluster.ready_node("n1", slots=1)
+    placed = cluster.place("a1", "n1", slot=0, addresses=["10.0.0.5", "10.0.0.6"])
+
+    again = cluster.submit("alloc-placed", alloc="a1", node="n1", slot=0,
+                           addresses=["10.0.0.6", "10.0.0.5"])
+
+    assert (again.status, again.position) == ("duplicate", placed)
+
+
+def test_other_addresses_alone_differ_in_the_plural(cluster):
+    cluster.ready_node("n1")
+    cluster.place("a1", "n1", addresses=["10.0.0.5"])
+
+    reason = cluster.refused("alloc-placed", alloc="a1", node="n1", addresses=["10.0.0.6"])
+
+    assert reason == (
+        "allocation a1 already runs on node n1, and its addresses differ; "
+        "placing it again must repeat the same fields"
+    )
+
+
 def test_a_finished_allocation_id_is_not_placed_again(cluster):
     cluster.ready_node("n1", slots=2)
     cluster.place("a1", "n1", slot=0)
@@ -338,6 +360,8 @@ def test_an_update_reconnects_an_allocation_with_the_reported_status(cluster):
 
     alloc = cluster.alloc("a1")
     assert (alloc["client_status"], alloc["needs_reconnect"]) == ("running", 0)
+    assert (alloc["unknown_since_position"], alloc["unknown_since_at"], alloc["deadline"]) == (
+        None, None, None)  # not unknown since anything now; the alloc states say when it was
     assert cluster.states("a1") == [("unknown", unknown_at), ("running", position)]
     assert cluster.needing_reconnect() == []
     assert cluster.slot_state("n1", 0) == ("active", "a1")

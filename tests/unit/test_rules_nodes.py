@@ -294,6 +294,19 @@ def test_on_disconnect_every_other_live_allocation_is_lost(cluster):
     assert cluster.alloc("waits")["client_status"] == "unknown"
 
 
+def test_an_allocation_lost_while_it_waited_is_no_longer_unknown_since_anything(cluster):
+    cluster.ready_node("n1", slots=1)
+    cluster.running("a1", "n1", slot=0, max_disconnect=300)
+    unknown_at = cluster.happens("heartbeat-missed", node="n1")
+
+    position = cluster.happens("node-down", node="n1")
+
+    alloc = cluster.alloc("a1")
+    assert (alloc["client_status"], alloc["needs_reconnect"], alloc["unknown_since_position"],
+            alloc["unknown_since_at"], alloc["deadline"]) == ("lost", 0, None, None, None)
+    assert cluster.states("a1") == [("unknown", unknown_at), ("lost", position)]
+
+
 def test_on_disconnect_a_running_allocation_with_max_disconnect_waits_whatever_is_desired(
     cluster,
 ):
@@ -488,16 +501,38 @@ def test_a_node_going_down_takes_its_children_and_grandchildren_down(cluster):
     assert cluster.alloc("lease-other")["client_status"] == "running"
 
 
-def test_the_cascade_reaches_grandchildren_behind_a_child_already_down(cluster):
+@pytest.mark.parametrize("gone", ["node-down", "node-removed"])
+def test_a_heartbeat_does_not_bring_back_a_node_whose_parent_chain_is_gone(cluster, gone):
+    """A working copy on a host that is gone takes no leases, whatever it
+    reports (registering under it is refused the same way); its heartbeat is
+    kept."""
     family(cluster)
-    cluster.happens("node-down", node="wc1")
-    cluster.happens("heartbeat", node="wc2")  # wc2 is back, under a child that is down
-    cluster.running("lease-2", "wc2", slot=0)
+    cluster.happens(gone, node="host")
 
-    position = cluster.happens("node-down", node="host")
+    position = cluster.happens("heartbeat", node="wc2")  # behind wc1, down behind host
 
-    assert cluster.status("wc2") == "down"
-    assert cluster.states("lease-2") == [("lost", position)]
+    node = cluster.node("wc2")
+    assert (node["status"], node["reason"]) == ("down", "parent wc1 went down")
+    assert node["last_heartbeat_position"] == position
+    assert cluster.refused("alloc-placed", alloc="lease-9", node="wc2", slot=0) == (
+        "node wc2 is not ready (status down); it takes no placements")
+    assert cluster.refused("node-registered", node="wc3", parent="wc2") == (
+        "parent node wc2 is down")
+
+
+def test_a_node_comes_back_once_every_node_of_its_parent_chain_is_back(cluster):
+    family(cluster)
+    cluster.happens("node-down", node="host")
+    cluster.happens("heartbeat", node="host")
+
+    cluster.happens("heartbeat", node="wc2")
+    behind_wc1 = cluster.status("wc2")
+    cluster.happens("heartbeat", node="wc1")
+    position = cluster.happens("heartbeat", node="wc2")
+
+    assert behind_wc1 == "down"
+    node = cluster.node("wc2")
+    assert (node["status"], node["since_position"], node["reason"]) == ("ready", position, None)
 
 
 def test_a_node_already_down_going_down_again_is_appended_and_changes_nothing(cluster):
