@@ -19,7 +19,7 @@ from ledger.chain import GENESIS, link
 from ledger.collection import fewer_collections
 from ledger.domain import AlreadyPlaced, Cluster, touched_by
 from ledger.errors import InvalidEvent, LedgerError, RuleViolation
-from ledger.model import Event, Fact, Receipt, answered, timestamp, valid_of
+from ledger.model import RULES, Event, Fact, Receipt, answered, timestamp, valid_of
 from ledger.records import REJECTED, Record, encode
 from ledger.store import LoggedEvent, Store, open_store
 from projections.projector import Projector
@@ -60,6 +60,7 @@ class Ledger:
         self.source = TableSource(self.sql)
         self.cluster = Cluster(self.source)
         self.projector = Projector(store)
+        self.rules = RULES  # what it decides by, and records (``ledger.model.RULES``)
         # The last position this process decided, with its chain hash.
         self._last: tuple[int, str] | None = None
         self._recent_ids: dict[str, int] = {}  # client ids of the last batch it decided
@@ -225,7 +226,7 @@ class Ledger:
             self._project_inline(cursor, decided.head, inline)
 
     def _record(self, event: Event, position: int, recorded_at: str) -> Record | Receipt:
-        fact = Fact(position, event["at"])
+        fact = Fact(position, event["at"], self.rules)
         try:
             touches = self.cluster.apply(event, fact)
         except AlreadyPlaced as same:
@@ -233,10 +234,11 @@ class Ledger:
         except RuleViolation as violation:
             self.cluster.reject(event, str(violation), fact)
             related = self._effects(event, self.cluster.related(event))
-            return Record(position, REJECTED, event, recorded_at, related, str(violation))
+            return Record(
+                position, REJECTED, event, recorded_at, related, str(violation), self.rules)
         own = (event.get("node"), event.get("alloc"))
         effects = [] if all(t in own for t in touches) else self._effects(event, touches)
-        return Record(position, event["type"], event, recorded_at, effects)
+        return Record(position, event["type"], event, recorded_at, effects, None, self.rules)
 
     @staticmethod
     def _effects(data: dict[str, Any], touches: list[str]) -> list[str]:

@@ -147,7 +147,8 @@ class ChainCheck:
             return Break(
                 self.checked + 1,
                 f"the log ends at position {self.checked}, before the digest's position "
-                f"{self.digest.position}: events after {self.checked} were removed",
+                f"{self.digest.position}: events after {self.checked} were removed, or the "
+                "digest is of another ledger",
             )
         return None
 

@@ -346,7 +346,7 @@ class Cluster:
         if status == "disconnected" or status == "initializing":
             waiting = self.awaits_reconnect(node)
             self._set_status(node, "initializing" if waiting else "ready", fact)
-        elif status == "down" and self.down_ancestor(node) is None:
+        elif status == "down" and (fact.rules < 2 or self.down_ancestor(node) is None):
             self._set_status(node, "ready", fact)  # not while what it runs on is gone
         node.last_heartbeat_at = fact.at
         node.last_heartbeat_position = position = fact.position
@@ -443,7 +443,7 @@ class Cluster:
         node = self.check_node_may_update(alloc)
         self._touch(node.node)
         if alloc.needs_reconnect:
-            self._stops_waiting(alloc)
+            self._stops_waiting(alloc, fact)
             self._add_state(alloc, event["client_status"], fact)
         if node.status == "initializing":
             self._set_status(node, "ready", fact)
@@ -551,16 +551,17 @@ class Cluster:
         self._changed_alloc(alloc)
 
     @staticmethod
-    def _stops_waiting(alloc: Allocation) -> None:
+    def _stops_waiting(alloc: Allocation, fact: Fact) -> None:
         """It no longer waits for its node to reconnect; when it was unknown,
-        its alloc states keep."""
+        its alloc states keep (rules 1 kept it in ``unknown_since`` too)."""
         alloc.needs_reconnect = False
-        alloc.unknown_since_position = None
-        alloc.unknown_since_at = None
+        if fact.rules >= 2:
+            alloc.unknown_since_position = None
+            alloc.unknown_since_at = None
 
     def _lose(self, alloc: Allocation, fact: Fact) -> None:
         alloc.client_status = "lost"
-        self._stops_waiting(alloc)
+        self._stops_waiting(alloc, fact)
         alloc.updated_position = fact.position
         if DESIRED_ORDER[alloc.desired_status] < DESIRED_ORDER["stop"]:
             alloc.desired_status = "stop"

@@ -17,12 +17,23 @@ LIVE = frozenset({"pending", "running", "unknown"})
 DESIRED_ORDER = {"run": 0, "stop": 1, "remove": 2}
 
 
+# The rules this version decides by. Each kept event records the rules that
+# decided it (none recorded: 1), and is applied again under those, so a log
+# kept by an earlier version replays to the tables it had. 2 (2026-11-22): a
+# heartbeat does not bring a node back while its parent chain is down or
+# removed; an allocation that stops waiting to reconnect is no longer
+# ``unknown_since`` anything.
+RULES = 2
+
+
 @dataclass(slots=True)
 class Fact:
-    """Where an event stands in history: its position and its ``at``."""
+    """Where an event stands in history: its position, its ``at``, and the
+    rules that decide it (or decided it, in a replay)."""
 
     position: int
     at: str
+    rules: int = RULES
 
 
 @dataclass(slots=True)

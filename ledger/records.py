@@ -9,7 +9,7 @@ touched, and for a rejection the reason.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -17,7 +17,7 @@ import orjson
 
 from ledger.domain import Cluster
 from ledger.errors import LedgerError, RuleViolation
-from ledger.model import Fact
+from ledger.model import RULES, Fact
 from ledger.store import Kept, LoggedEvent, logged
 
 REJECTED = "rejected"
@@ -32,6 +32,7 @@ class Record:  # not frozen: a frozen dataclass's __init__ costs twice as much, 
     recorded_at: str
     touches: list[str]
     reason: str | None = None
+    rules: int = RULES
 
     @property
     def rejected(self) -> bool:
@@ -39,7 +40,7 @@ class Record:  # not frozen: a frozen dataclass's __init__ costs twice as much, 
 
     @property
     def fact(self) -> Fact:
-        return Fact(self.position, self.event["at"])
+        return Fact(self.position, self.event["at"], self.rules)
 
 
 def encode(record: Record) -> LoggedEvent:
@@ -51,6 +52,8 @@ def encode(record: Record) -> LoggedEvent:
         state["touches"] = record.touches
     if record.reason is not None:
         state["reason"] = record.reason
+    if record.rules != 1:  # as version 1 kept it: without
+        state["rules"] = record.rules
     return logged((record.position, record.topic, orjson.dumps(state)))
 
 
@@ -64,6 +67,7 @@ def decode(stored: Kept) -> Record:
             state["recorded_at"],
             state.get("touches", []),
             state.get("reason"),
+            state.get("rules", 1),
         )
     except (ValueError, LookupError, TypeError) as error:
         raise unreadable(stored, error) from None
@@ -73,8 +77,11 @@ def replay(cluster: Cluster, record: Record) -> None:
     """Apply a kept event to a cluster exactly as it was decided."""
     if record.rejected:
         cluster.reject(record.event, record.reason or "", record.fact)
-    else:
+        return
+    try:
         cluster.apply(record.event, record.fact)
+    except RuleViolation as violation:
+        raise refused(record.position, violation) from None
 
 
 @dataclass(slots=True)
@@ -98,6 +105,8 @@ def replay_log(
     stored = None
     try:
         for stored in log:
+            if stored.originator_version != position + 1:
+                raise missing(position + 1, stored.originator_version)
             state = orjson.loads(stored.state)
             event = state["event"]
             at: str = event["at"]
@@ -108,16 +117,49 @@ def replay_log(
             fact = _blank_fact(Fact)  # filled here: Fact's __init__ costs a frame per event
             fact.position = position
             fact.at = at
+            fact.rules = state.get("rules", 1)
             if stored.topic == REJECTED:
                 cluster.reject(event, state.get("reason") or "", fact)
             else:
                 cluster.apply(event, fact)
             if at > max_at:  # noqa: PLR1730 - a call per event costs more
                 max_at = at
-    except (ValueError, LookupError, TypeError, RuleViolation) as error:
+    except (ValueError, LookupError, TypeError) as error:
         # a kept event that is not as it was kept: the log was edited
         raise unreadable(stored, error) from None
+    except RuleViolation as violation:
+        assert stored is not None
+        raise refused(stored.originator_version, violation) from None
     progress.position, progress.max_at = position, max_at
+
+
+def gapless(log: Iterable[Kept], after: int = 0) -> Iterator[Kept]:
+    """The kept events of ``log``, which starts after position ``after``;
+    raise at the first position missing (``replay_log`` checks the same inline)."""
+    expected = after + 1
+    for stored in log:
+        if stored.originator_version != expected:
+            raise missing(expected, stored.originator_version)
+        expected += 1
+        yield stored
+
+
+def missing(position: int, found: int) -> LedgerError:
+    """The log skips positions: they were deleted (positions are gapless)."""
+    return LedgerError(
+        f"position {position} is missing from the log (the next kept event is at {found}); "
+        "alloc-ledger verify checks whether the log was edited"
+    )
+
+
+def refused(position: int, violation: RuleViolation) -> LedgerError:
+    """A kept event that its own rules refuse when the log is replayed: it was
+    decided against tables that did not match the log before it."""
+    return LedgerError(
+        f"the kept event at position {position} was appended, but replaying the log "
+        f"refuses it ({violation}): it was decided against tables that did not match "
+        "the log (were they edited?); alloc-ledger verify checks the log itself"
+    )
 
 
 def unreadable(stored: Kept | None, error: Exception) -> LedgerError:

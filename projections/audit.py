@@ -30,7 +30,7 @@ from typing import Any
 from ledger.collection import fewer_collections
 from ledger.domain import Changes, Cluster
 from ledger.model import Allocation
-from ledger.records import Record, decode, replay
+from ledger.records import Record, decode, gapless, replay
 from ledger.store import Store
 from projections.asof import OutOfRange, head_within
 
@@ -298,6 +298,6 @@ def audit(store: Store, start: int | None = None, end: int | None = None) -> Aud
     if first > last and head > 0:
         raise OutOfRange(f"--from {first} is after --to {last}")
     auditor = Auditor(first)
-    for stored in store.read_log(0, last):
+    for stored in gapless(store.read_log(0, last)):
         auditor.see(decode(stored))
     return AuditReport(first, last, head, auditor.finish())

@@ -284,9 +284,24 @@ def test_a_digest_beyond_the_log_proves_it_was_cut_short(attack: Attack) -> None
     attack.attacker.truncate(3)
     proved = run("verify", "--digest", str(attack.digest), url=attack.target.url)
     assert proved.returncode == 1
-    assert "the log ends at position 237, before the digest's position 240" in one_line_error(
-        proved.stderr
+    assert one_line_error(proved.stderr).endswith(
+        "the log ends at position 237, before the digest's position 240: events after 237 "
+        "were removed, or the digest is of another ledger"
     )
+
+
+def test_a_deleted_event_is_named_by_every_replay_not_only_verify(attack: Attack) -> None:
+    """Positions are gapless: a replay that finds one missing says so, rather
+    than replaying what is left as if it were the whole history."""
+    attack.attacker.delete(120)
+
+    for command in (["replay"], ["audit"], ["query", "nodes", "--as-of", "200"]):
+        done = run(*command, url=attack.target.url)
+        assert done.returncode == 1, (command, done.stderr)
+        assert one_line_error(done.stderr) == (
+            "Error: position 120 is missing from the log (the next kept event is at 121); "
+            "alloc-ledger verify checks whether the log was edited"
+        ), command
 
 
 def test_a_digest_for_another_history_does_not_verify(

@@ -1,0 +1,97 @@
+"""Kept events are applied again under the rules that decided them.
+
+A log kept by an earlier version (rules 1, which recorded no version)
+replays to the tables that version kept, while new events follow today's
+rules; and a kept event that its own rules refuse on replay is named, with
+its position, as decided against tables that did not match the log.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from audit_support import StoreUnderTest, one_line_error, run
+
+from ledger.application import Ledger
+from ledger.model import RULES
+
+RULES_1 = [  # where rules 1 and 2 part: a node back under a parent that is down
+    {"type": "node-registered", "node": "host", "slots": 1},
+    {"type": "heartbeat", "node": "host"},
+    {"type": "node-registered", "node": "wc1", "slots": 1, "parent": "host"},
+    {"type": "heartbeat", "node": "wc1"},
+    {"type": "alloc-placed", "alloc": "a1", "node": "wc1", "slot": 0, "max_disconnect": 300},
+    {"type": "alloc-updated", "alloc": "a1", "client_status": "running"},
+    {"type": "heartbeat-missed", "node": "wc1"},
+    {"type": "heartbeat", "node": "wc1"},
+    {"type": "alloc-updated", "alloc": "a1", "client_status": "running"},  # reconnects
+    {"type": "node-down", "node": "host"},
+    {"type": "heartbeat", "node": "wc1"},  # rules 1: ready again, under a host that is down
+    {"type": "alloc-placed", "alloc": "a2", "node": "wc1", "slot": 0},
+]
+TODAY = [
+    {"type": "node-down", "node": "wc1"},
+    {"type": "heartbeat", "node": "wc1"},  # today: stays down while host is
+    {"type": "alloc-placed", "alloc": "a3", "node": "wc1", "slot": 0},
+]
+
+
+def kept(target: StoreUnderTest, events: list[dict[str, Any]], rules: int) -> list[str]:
+    with Ledger.open(target.url) as ledger:
+        ledger.rules = rules
+        statuses = [ledger.submit(event).status for event in events]
+        ledger.project()
+    return statuses
+
+
+def one(target: StoreUnderTest, query: str, *args: str) -> Any:
+    done = run("query", query, *args, "--format", "json", url=target.url)
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout)
+
+
+def test_a_log_kept_under_rules_1_replays_to_its_tables_and_new_events_follow_today(
+    under_test: StoreUnderTest,
+) -> None:
+    assert kept(under_test, RULES_1, rules=1) == ["appended"] * len(RULES_1)
+    a1 = one(under_test, "alloc", "a1")
+    assert (a1["client_status"], a1["unknown_since_position"]) == ("lost", 7)  # as rules 1 kept it
+
+    assert kept(under_test, TODAY, rules=RULES) == ["appended", "appended", "rejected"]
+
+    replayed = run("replay", "--format", "json", url=under_test.url)
+    assert replayed.returncode == 0, replayed.stderr
+    assert json.loads(replayed.stdout)["differences"] == []
+    assert run("verify", url=under_test.url).returncode == 0
+    wc1_then = next(n for n in one(under_test, "nodes", "--as-of", "12") if n["node"] == "wc1")
+    wc1_now = next(n for n in one(under_test, "nodes") if n["node"] == "wc1")
+    assert (wc1_then["status"], wc1_now["status"]) == ("ready", "down")
+    states = [json.loads(bytes(row[0])) for row in under_test.sql(
+        "SELECT state FROM stored_events ORDER BY originator_version")]
+    assert ["rules" in state for state in states] == [False] * len(RULES_1) + [True] * len(TODAY)
+    assert {state["rules"] for state in states[len(RULES_1):]} == {RULES}
+
+
+def test_a_kept_event_its_rules_refuse_on_replay_is_named_with_its_position(
+    sqlite_under_test: StoreUnderTest,
+) -> None:
+    target = sqlite_under_test
+    for event in ({"type": "node-registered", "node": "n1", "slots": 1},
+                  {"type": "heartbeat", "node": "n1"},
+                  {"type": "node-down", "node": "n1"}):
+        assert run("submit", "-", url=target.url, stdin=json.dumps(event).encode()).returncode == 0
+    target.sql("UPDATE nodes SET status = 'ready' WHERE node = 'n1'")  # SQLite decides from these
+    placed = run("submit", "alloc-placed", "--alloc", "a1", "--node", "n1", url=target.url)
+    assert placed.returncode == 0, placed.stderr  # decided against the edited table
+
+    assert run("verify", url=target.url).returncode == 0  # the log itself is as kept
+    for command in (["replay"], ["audit"], ["query", "nodes", "--as-of", "4"]):
+        done = run(*command, url=target.url)
+        assert done.returncode == 1, (command, done.stderr)
+        assert one_line_error(done.stderr) == (
+            "Error: the kept event at position 4 was appended, but replaying the log refuses "
+            "it (node n1 is not ready (status down); it takes no placements): it was decided "
+            "against tables that did not match the log (were they edited?); alloc-ledger "
+            "verify checks the log itself"
+        ), command
