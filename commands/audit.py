@@ -83,7 +83,8 @@ def verify(ctx: click.Context, digest: Digest | None, fmt: str | None) -> None:
         result = verify_chain(store, digest)
     emit_object(result.as_dict(), fmt)
     if not result.ok:
-        raise click.ClickException(f"verify failed at position {result.position}: {result.problem}")
+        where = "" if result.position is None else f" at position {result.position}"
+        raise click.ClickException(f"verify failed{where}: {result.problem}")
 
 
 @click.command()

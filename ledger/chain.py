@@ -21,6 +21,8 @@ from dataclasses import dataclass
 from hashlib import sha256
 from typing import Any
 
+import orjson
+
 from ledger.errors import LedgerError
 from ledger.store import Store
 
@@ -95,15 +97,68 @@ class Verification:
 
 @dataclass(frozen=True, slots=True)
 class Break:
-    position: int
+    position: int | None  # None: no one position is to blame
     problem: str
+
+
+class IdsCheck:
+    """The client-id index (``event_ids``) against the log: the id of each
+    kept event maps to its position, and the index holds nothing more. An id
+    missing from it would let a retry append the event again."""
+
+    def __init__(self, store: Store, cursor: Any) -> None:
+        self.store = store
+        self.cursor = cursor
+        self.pending: list[tuple[int, str]] = []
+        self.seen = 0
+
+    def see(self, position: int, state: bytes) -> Break | None:
+        if b'"id":' not in state:  # how the kept JSON writes the key, if the event has one
+            return None
+        try:
+            client = orjson.loads(state)["event"].get("id")
+        except (ValueError, LookupError, TypeError, AttributeError):
+            return None  # its bytes are what the chain vouches for; replay names it unreadable
+        if isinstance(client, str):
+            self.pending.append((position, client))
+            if len(self.pending) >= PAGE:
+                return self.flush()
+        return None
+
+    def flush(self) -> Break | None:
+        if not self.pending:
+            return None
+        kept = self.store.known_ids(self.cursor, [client for _, client in self.pending])
+        for position, client in self.pending:
+            found = kept.get(client)
+            if found != position:
+                where = "does not hold it" if found is None else f"holds it for position {found}"
+                return Break(
+                    position,
+                    f"the event at position {position} has id {client!r}, but event_ids "
+                    f"{where} (a retry with that id would not be answered duplicate of it)",
+                )
+        self.seen += len(self.pending)
+        self.pending.clear()
+        return None
+
+    def finish(self) -> Break | None:
+        found = self.flush()
+        if found is not None:
+            return found
+        self.cursor.execute("SELECT COUNT(*) FROM event_ids")
+        extra = int(self.cursor.fetchone()[0]) - self.seen
+        if extra > 0:
+            return Break(None, f"event_ids holds {extra} id(s) that no kept event has")
+        return None
 
 
 class ChainCheck:
     """Walks kept events and kept hashes side by side, both in position order."""
 
-    def __init__(self, digest: Digest | None = None) -> None:
+    def __init__(self, digest: Digest | None = None, ids: IdsCheck | None = None) -> None:
         self.digest = digest
+        self.ids = ids
         self.previous = GENESIS
         self.checked = 0
 
@@ -135,6 +190,8 @@ class ChainCheck:
                     f"the event at position {position} does not match its chain hash "
                     "(edited, inserted, moved, or its hash altered)",
                 )
+            if self.ids is not None and (broken := self.ids.see(position, state)) is not None:
+                return broken
             self.previous = recomputed
             self.checked = position
             found = self._against_digest(position, recomputed)
@@ -150,7 +207,7 @@ class ChainCheck:
                 f"{self.digest.position}: events after {self.checked} were removed, or the "
                 "digest is of another ledger",
             )
-        return None
+        return None if self.ids is None else self.ids.finish()
 
     def _orphan_hash(self, position: int) -> Break:
         return Break(
@@ -196,8 +253,8 @@ def verify(store: Store, digest: Digest | None = None) -> Verification:
     """Recompute the chain over the whole log; name the first position that
     does not match, or prove the log extends ``digest``."""
     started = time.perf_counter()
-    check = ChainCheck(digest)
     with store.reading() as cursor:
+        check = ChainCheck(digest, IdsCheck(store, cursor))
         head = store.head(cursor)
         events = (
             (e.originator_version, e.topic, bytes(e.state)) for e in store.read_log(0, head)

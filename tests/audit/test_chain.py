@@ -6,11 +6,13 @@ whole chain or cuts the log short."""
 
 from __future__ import annotations
 
+import json
 import random
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
+import orjson
 import pytest
 from audit_support import StoreUnderTest, history, one_line_error, run, texts
 
@@ -62,12 +64,15 @@ class Attacker:
     def keep(self) -> None:
         self.sql(f"CREATE TABLE kept_events AS SELECT * FROM {self.events}")
         self.sql("CREATE TABLE kept_hashes AS SELECT * FROM event_hashes")
+        self.sql("CREATE TABLE kept_ids AS SELECT * FROM event_ids")
 
     def restore(self) -> None:
         self.sql(f"DELETE FROM {self.events}")
         self.sql(f"INSERT INTO {self.events} SELECT * FROM kept_events")
         self.sql("DELETE FROM event_hashes")
         self.sql("INSERT INTO event_hashes SELECT * FROM kept_hashes")
+        self.sql("DELETE FROM event_ids")
+        self.sql("INSERT INTO event_ids SELECT * FROM kept_ids")
 
     def head(self) -> int:
         return int(self.sql(f"SELECT MAX(originator_version) FROM {self.events}")[0][0] or 0)
@@ -123,7 +128,11 @@ class Attacker:
     def rewrite(self, position: int, rng: random.Random) -> None:
         """Edit an event and recompute every chain hash after it: the kept
         chain is consistent again; only a digest kept elsewhere tells."""
+        self.sql("DELETE FROM event_ids WHERE position = ?", (position,))
         self.edit(position, rng)
+        client = readable_id(self.event(position)[1])
+        if client is not None:
+            self.sql("INSERT INTO event_ids (id, position) VALUES (?, ?)", (client, position))
         previous = GENESIS
         if position > 1:
             previous = str(self.sql("SELECT hash FROM event_hashes WHERE position = ?",
@@ -134,10 +143,20 @@ class Attacker:
             self.sql("UPDATE event_hashes SET hash = ? WHERE position = ?", (previous, at))
 
     def truncate(self, count: int) -> None:
-        """Cut the last events off, hashes and all."""
+        """Cut the last events off, hashes and client ids all."""
         last = self.head()
         self.sql(f"DELETE FROM {self.events} WHERE originator_version > ?", (last - count,))
         self.sql("DELETE FROM event_hashes WHERE position > ?", (last - count,))
+        self.sql("DELETE FROM event_ids WHERE position > ?", (last - count,))
+
+
+def readable_id(state: bytes) -> str | None:
+    """The client id in a kept state, as ``verify`` reads it (None if unreadable)."""
+    try:
+        found = orjson.loads(state)["event"].get("id")
+    except (ValueError, LookupError, TypeError, AttributeError):
+        return None
+    return found if isinstance(found, str) else None
 
 
 def tamper(attacker: Attacker, rng: random.Random, head: int) -> tuple[str, int | None, int]:
@@ -302,6 +321,41 @@ def test_a_deleted_event_is_named_by_every_replay_not_only_verify(attack: Attack
             "Error: position 120 is missing from the log (the next kept event is at 121); "
             "alloc-ledger verify checks whether the log was edited"
         ), command
+
+
+def client_id(attack: Attack, position: int) -> str:
+    return str(json.loads(attack.attacker.event(position)[1])["event"]["id"])
+
+
+@pytest.mark.parametrize(("edit", "problem"), [
+    ("DELETE FROM event_ids WHERE id = ?", "but event_ids does not hold it"),
+    ("UPDATE event_ids SET position = 7 WHERE id = ?", "but event_ids holds it for position 7"),
+])
+def test_verify_names_an_event_whose_client_id_the_index_lost_or_moved(
+    attack: Attack, edit: str, problem: str
+) -> None:
+    """Without its row in event_ids, a retry with the same id would append
+    the event a second time."""
+    client = client_id(attack, 50)
+    attack.attacker.sql(edit, (client,))
+
+    checked = run("verify", url=attack.target.url)
+
+    assert checked.returncode == 1
+    assert one_line_error(checked.stderr) == (
+        f"Error: verify failed at position 50: the event at position 50 has id '{client}', "
+        f"{problem} (a retry with that id would not be answered duplicate of it)"
+    )
+
+
+def test_verify_names_ids_in_the_index_that_no_kept_event_has(attack: Attack) -> None:
+    attack.attacker.sql("INSERT INTO event_ids (id, position) VALUES ('forged', 3)")
+
+    checked = run("verify", url=attack.target.url)
+
+    assert checked.returncode == 1
+    assert one_line_error(checked.stderr) == (
+        "Error: verify failed: event_ids holds 1 id(s) that no kept event has")
 
 
 def test_a_digest_for_another_history_does_not_verify(
