@@ -6,9 +6,11 @@ import json
 from urllib.parse import urlsplit
 
 import click
+from click.core import ParameterSource
 
 from commands import follower
 from commands.cli import store_of
+from commands.output import line
 from ledger.application import Ledger
 from ledger.events import json_schema
 from ledger.store import open_store, store_url
@@ -55,9 +57,13 @@ def project(ctx: click.Context, follow: bool, batch: int, poll: float, reconnect
     if follow:
         follower.follow(store_of(ctx), batch, poll, reconnect)
         return
+    for name in ("poll", "reconnect"):
+        if ctx.get_parameter_source(name) is not ParameterSource.DEFAULT:
+            flag = "--poll" if name == "poll" else "--reconnect/--no-reconnect"
+            raise click.UsageError(f"{flag} goes with --follow")
     with Ledger.open(store_of(ctx)) as ledger:
         first, last = follower.catch_up(ledger, batch)
-    click.echo(json.dumps({"from": first, "to": last, "applied": last - first}))
+    line({"from": first, "to": last, "applied": last - first})
 
 
 @click.command("grant-reporting")
@@ -87,7 +93,7 @@ def grant_reporting(ctx: click.Context, role: str) -> None:
         granted = getattr(store, "grant_reporting")(role)  # noqa: B009 - PostgreSQL only
     finally:
         store.close()
-    click.echo(json.dumps({"role": role, "select": granted}))
+    line({"role": role, "select": granted})
 
 
 @click.command()

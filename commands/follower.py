@@ -6,14 +6,16 @@ end it. When the store becomes unreachable it says so on stderr, closes the
 ledger, and opens it again after 1 s, then 2, 4, ... up to 30 s between
 tries, until the store answers; then it goes on from the tracking position,
 which its last committed transaction recorded, so nothing is applied twice
-or skipped. Only the first open fails at once (exit 3): a mistyped URL is
-not an outage. ``--no-reconnect`` exits 3 on the first loss instead, for a
-supervisor that restarts it.
+or skipped; the waits start again from 1 s once the tables have moved on.
+Only the first open fails at once (exit 3): a mistyped URL is not an outage.
+Like ``project``, a follower creates the store when it starts; reopening, it
+only opens one that holds a ledger.
+``--no-reconnect`` exits 3 on the first loss instead, for a supervisor that
+restarts it.
 """
 
 from __future__ import annotations
 
-import json
 import signal
 import time
 from collections.abc import Callable, Iterator
@@ -21,9 +23,10 @@ from contextlib import contextmanager
 
 import click
 
+from commands.output import line
 from ledger.application import Ledger
 from ledger.errors import StoreUnavailable
-from ledger.store import Store
+from ledger.store import Store, open_store
 
 RETRY_FIRST = 1.0  # seconds before the first try to reopen a lost store
 RETRY_MOST = 30.0  # and at most between tries, doubling until then
@@ -39,61 +42,100 @@ def catch_up(ledger: Ledger, batch: int, report: bool = False) -> tuple[int, int
         if end <= start:
             return first, end
         if report:
-            progress({"from": start, "to": end, "applied": end - start, "lag": ledger.lag()})
+            line({"from": start, "to": end, "applied": end - start, "lag": ledger.lag()})
 
 
-def follow(url: str, batch: int, poll: float, reconnect: bool = True) -> None:
-    """Keep the tables current until interrupted (Ctrl-C or SIGTERM)."""
+def follow(
+    url: str,
+    batch: int,
+    poll: float,
+    reconnect: bool = True,
+    opener: Callable[[str, bool], Ledger] | None = None,
+    sleep: Callable[[float], None] = time.sleep,
+) -> None:
+    """Keep the tables current until interrupted (Ctrl-C or SIGTERM).
+
+    ``opener(url, create)`` opens the ledger: at the start it may create the
+    store, as ``project`` does; after a loss only one that holds a ledger (a
+    schema dropped meanwhile is not made anew, empty). ``sleep`` waits
+    between tries to reopen it."""
     stopping = signal.signal(signal.SIGTERM, _interrupt)  # a service manager's stop too
     try:
-        _keep_following(url, batch, poll, reconnect)
+        _keep_following(url, batch, poll, reconnect, opener or _open, Backoff(sleep))
     finally:
         signal.signal(signal.SIGTERM, stopping)
 
 
-def _keep_following(url: str, batch: int, poll: float, reconnect: bool) -> None:
-    opened = Ledger.open(url)
+def _open(url: str, create: bool) -> Ledger:
+    return Ledger(open_store(url, create=create))
+
+
+class Backoff:
+    """The waits between tries to reopen a lost store: 1 s, doubling to 30 s,
+    from 1 s again once the tables have moved on (not merely once it opens:
+    a store that opens and fails again is still lost)."""
+
+    def __init__(self, sleep: Callable[[float], None]) -> None:
+        self.sleep = sleep
+        self.delay = RETRY_FIRST
+
+    def wait(self, error: StoreUnavailable) -> None:
+        click.echo(f"warning: {error}; reconnecting in {self.delay:g} s", err=True)
+        self.sleep(self.delay)
+        self.delay = min(self.delay * 2, RETRY_MOST)
+
+    def reset(self) -> None:
+        self.delay = RETRY_FIRST
+
+
+def _keep_following(
+    url: str, batch: int, poll: float, reconnect: bool,
+    opener: Callable[[str, bool], Ledger], backoff: Backoff,
+) -> None:
+    opened = opener(url, True)
     ledger: Ledger | None = opened  # None while the store is lost
     resumed = False
     try:
         while True:
             try:
-                _follow_while_connected(opened, batch, poll, resumed)
+                _follow_while_connected(opened, batch, poll, resumed, backoff)
             except StoreUnavailable as lost:
                 if not reconnect:
                     raise
                 ledger = None
                 _close(opened)
-                ledger = opened = _reopened(url, lost)
+                ledger = opened = _reopened(url, lost, opener, backoff)
                 resumed = True
     except KeyboardInterrupt:
-        progress({"stopped": True, "lag": _lag(ledger)})
+        line({"stopped": True, "lag": _lag(ledger)})
     finally:
         if ledger is not None:
             _close(ledger)
 
 
-def _follow_while_connected(ledger: Ledger, batch: int, poll: float, resumed: bool) -> None:
+def _follow_while_connected(
+    ledger: Ledger, batch: int, poll: float, resumed: bool, backoff: Backoff
+) -> None:
     with _appends(ledger.store) as wait:
-        line: dict[str, object] = {"following": True, "lag": ledger.lag()}
-        progress(line | {"reconnected": True} if resumed else line)
+        first: dict[str, object] = {"following": True, "lag": ledger.lag()}
+        line(first | {"reconnected": True} if resumed else first)
         while True:
             catch_up(ledger, batch, report=True)
+            backoff.reset()
             wait(poll)
 
 
-def _reopened(url: str, lost: StoreUnavailable) -> Ledger:
+def _reopened(
+    url: str, lost: StoreUnavailable, opener: Callable[[str, bool], Ledger], backoff: Backoff
+) -> Ledger:
     """The ledger opened again, once the store answers; each wait said on stderr."""
-    error: StoreUnavailable = lost
-    delay = RETRY_FIRST
+    error = lost
     while True:
-        click.echo(f"warning: {error}; reconnecting in {delay:g} s", err=True)
-        time.sleep(delay)
+        backoff.wait(error)
         try:
-            return Ledger.open(url)
+            return opener(url, False)
         except StoreUnavailable as failed:
             error = failed
-            delay = min(delay * 2, RETRY_MOST)
 
 
 def _close(ledger: Ledger) -> None:
@@ -133,6 +175,3 @@ def _appends(store: Store) -> Iterator[Callable[[float], bool]]:
 
     yield sleep
 
-
-def progress(line: dict[str, object]) -> None:
-    click.echo(json.dumps(line))

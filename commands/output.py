@@ -96,5 +96,11 @@ def emit_object(obj: dict[str, Any], fmt: str | None) -> None:
                 click.echo(table(value, list(value[0].keys())))
 
 
+def line(obj: dict[str, Any]) -> None:
+    """One JSON object on one line: the progress and summary lines of commands
+    that write rather than read."""
+    click.echo(json.dumps(obj))
+
+
 def _is_rows(value: Any) -> bool:
     return isinstance(value, list) and bool(value) and isinstance(value[0], dict)

@@ -23,7 +23,7 @@ from typing import Any
 
 import orjson
 
-from ledger.errors import LedgerError
+from ledger.errors import LedgerError, PositionMissing
 from ledger.store import Store
 
 GENESIS = "0" * 64
@@ -66,7 +66,7 @@ class Verification:
     """What recomputing the chain found."""
 
     head: int  # the log's head
-    verified: int  # the last position that matches (``head`` when all do)
+    verified: int  # the last position whose chain hash matches (``head`` when all do)
     hash: str  # the recomputed hash at ``verified``
     seconds: float
     position: int | None = None  # the first position that does not match
@@ -165,6 +165,18 @@ class ChainCheck:
     def run(
         self, events: Iterable[tuple[int, str, bytes]], hashes: Iterable[tuple[int, str]]
     ) -> Break | None:
+        """The first break of the chain or of the id index, by position."""
+        found = self._walk(events, hashes)
+        if self.ids is None:
+            return found
+        earlier = self.ids.flush()  # ids still pending are at positions the chain verified
+        if earlier is not None or found is not None:
+            return earlier or found
+        return self.ids.finish()
+
+    def _walk(
+        self, events: Iterable[tuple[int, str, bytes]], hashes: Iterable[tuple[int, str]]
+    ) -> Break | None:
         kept = iter(hashes)
         stored = next(kept, None)
         if self.digest is not None and self.digest.position == 0:
@@ -174,11 +186,7 @@ class ChainCheck:
         for position, topic, state in events:
             expected = self.checked + 1
             if position != expected:
-                return Break(
-                    expected,
-                    f"position {expected} is missing from the log "
-                    f"(the next event kept is at position {position})",
-                )
+                return Break(expected, str(PositionMissing(expected, position)))
             if stored is not None and stored[0] < position:
                 return self._orphan_hash(stored[0])
             if stored is None or stored[0] > position:
@@ -207,7 +215,7 @@ class ChainCheck:
                 f"{self.digest.position}: events after {self.checked} were removed, or the "
                 "digest is of another ledger",
             )
-        return None if self.ids is None else self.ids.finish()
+        return None
 
     def _orphan_hash(self, position: int) -> Break:
         return Break(

@@ -359,12 +359,11 @@ class Cluster:
             for slot in self.slot_tables[name]:
                 value = reported.get(slot.slot)
                 # reported_position says since when the node reports this value
-                changed = value != slot.reported_alloc
-                if changed or slot.reported_position is None:
+                if value != slot.reported_alloc or slot.reported_position is None:
                     slot.reported_alloc = value
                     slot.reported_position = position
                     # a slot the report leaves out, now reported empty, is in its history
-                    self._changed_slot(slot, touch=changed)
+                    self._changed_slot(slot)
 
     def miss_heartbeat(self, event: Event, fact: Fact) -> None:
         node = self.check_node_exists(event["node"])

@@ -15,6 +15,15 @@ class StoreUnavailable(LedgerError):
     """The store cannot be opened, reached or written."""
 
 
+class PositionMissing(LedgerError):
+    """Positions are gapless: one that is not in the log was deleted."""
+
+    def __init__(self, position: int, found: int, hint: str = "") -> None:
+        super().__init__(
+            f"position {position} is missing from the log (the next kept event is at {found}){hint}"
+        )
+
+
 class RuleViolation(LedgerError):
     """A rule refused the event: it is kept in the rejection log."""
 

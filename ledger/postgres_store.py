@@ -59,10 +59,13 @@ PAGE = 5000
 TRACKING = "tracking"
 STATE_PREFIX = "state_"
 SCHEMA_NAME = re.compile(r"[a-z_][a-z0-9_]{0,62}")
-OPTIONS = {
-    "schema", "projections", "writers", "connect_timeout", "timeout", "sslmode", "application_name",
-}
-LIBPQ_OPTIONS = ("sslmode", "application_name")
+# libpq's own, passed through: TLS, the name in pg_stat_activity, and how soon
+# a connection to a server that vanished without a word is given up.
+LIBPQ_OPTIONS = (
+    "sslmode", "application_name", "keepalives", "keepalives_idle", "keepalives_interval",
+    "keepalives_count", "tcp_user_timeout",
+)
+OPTIONS = {"schema", "projections", "writers", "connect_timeout", "timeout", *LIBPQ_OPTIONS}
 # A writer that stalls inside its transaction (a client on a machine cut off
 # from the network) must not hold the log's lock until TCP notices: the server
 # ends such a session after this many seconds idle in a transaction.
@@ -236,10 +239,13 @@ class PostgresStore:
                 self._fail(describe(error))
 
     def _marked(self, connection: psycopg.Connection[Any]) -> bool:
-        row = connection.execute(
-            "SELECT obj_description(to_regclass(%s), 'pg_class')",
-            (f"{self.schema}.event_hashes",),
-        ).fetchone()
+        try:
+            row = connection.execute(
+                "SELECT obj_description(to_regclass(%s), 'pg_class')",
+                (f"{self.schema}.event_hashes",),
+            ).fetchone()
+        except psycopg.Error as error:  # the server went away after it answered
+            self._fail(describe(error))
         return row is not None and row[0] == MARK
 
     def _create_schema(self, connection: psycopg.Connection[Any], extra: dict[str, str]) -> None:
@@ -455,7 +461,10 @@ class PostgresStore:
         channel = self.recorder.channel_name
         connection = self._connect(5, self.extra)
         try:
-            connection.execute(sql.SQL("LISTEN {}").format(sql.Identifier(channel)))
+            try:
+                connection.execute(sql.SQL("LISTEN {}").format(sql.Identifier(channel)))
+            except psycopg.Error as error:
+                raise StoreUnavailable(f"store {self.shown}: {describe(error)}") from None
 
             def wait(timeout: float) -> bool:
                 try:

@@ -16,7 +16,7 @@ from typing import Any
 import orjson
 
 from ledger.domain import Cluster
-from ledger.errors import LedgerError, RuleViolation
+from ledger.errors import LedgerError, PositionMissing, RuleViolation
 from ledger.model import RULES, Fact
 from ledger.store import Kept, LoggedEvent, logged
 
@@ -60,7 +60,7 @@ def encode(record: Record) -> LoggedEvent:
 def decode(stored: Kept) -> Record:
     try:
         state = orjson.loads(stored.state)
-        return Record(
+        record = Record(
             stored.originator_version,
             stored.topic,
             state["event"],
@@ -69,8 +69,11 @@ def decode(stored: Kept) -> Record:
             state.get("reason"),
             state.get("rules", 1),
         )
+        if record.rules > RULES:
+            raise newer(record.position, record.rules)
     except (ValueError, LookupError, TypeError) as error:
         raise unreadable(stored, error) from None
+    return record
 
 
 def replay(cluster: Cluster, record: Record) -> None:
@@ -117,7 +120,9 @@ def replay_log(
             fact = _blank_fact(Fact)  # filled here: Fact's __init__ costs a frame per event
             fact.position = position
             fact.at = at
-            fact.rules = state.get("rules", 1)
+            fact.rules = rules = state.get("rules", 1)
+            if rules > RULES:
+                raise newer(position, rules)
             if stored.topic == REJECTED:
                 cluster.reject(event, state.get("reason") or "", fact)
             else:
@@ -145,10 +150,15 @@ def gapless(log: Iterable[Kept], after: int = 0) -> Iterator[Kept]:
 
 
 def missing(position: int, found: int) -> LedgerError:
-    """The log skips positions: they were deleted (positions are gapless)."""
+    """The log skips positions: they were deleted."""
+    return PositionMissing(position, found, "; alloc-ledger verify checks whether the log was edited")
+
+
+def newer(position: int, rules: Any) -> LedgerError:
+    """A kept event decided by rules this release does not know."""
     return LedgerError(
-        f"position {position} is missing from the log (the next kept event is at {found}); "
-        "alloc-ledger verify checks whether the log was edited"
+        f"the kept event at position {position} was decided by rules {rules}, newer than "
+        f"this alloc-ledger's ({RULES}): upgrade alloc-ledger to apply it"
     )
 
 

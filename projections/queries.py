@@ -107,7 +107,8 @@ class Queries:
     def suspects(self) -> list[dict[str, Any]]:
         rows = self._rows(
             "SELECT node, health, status, reason, since_position, lost_allocs FROM nodes "
-            "WHERE health = 'suspect' OR status = 'down' ORDER BY since_position, node"
+            "WHERE (health = 'suspect' AND status <> 'removed') OR status = 'down' "
+            "ORDER BY since_position, node"
         )
         for row in rows:
             row["lost_allocs"] = json.loads(row["lost_allocs"])

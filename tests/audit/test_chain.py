@@ -16,6 +16,7 @@ import orjson
 import pytest
 from audit_support import StoreUnderTest, history, one_line_error, run, texts
 
+from ledger import chain
 from ledger.application import Ledger
 from ledger.chain import GENESIS, Digest, current_digest, link, verify
 from ledger.store import Store, open_store
@@ -346,6 +347,21 @@ def test_verify_names_an_event_whose_client_id_the_index_lost_or_moved(
         f"Error: verify failed at position 50: the event at position 50 has id '{client}', "
         f"{problem} (a retry with that id would not be answered duplicate of it)"
     )
+
+
+def test_an_id_problem_before_a_chain_break_is_named_first(
+    attack: Attack, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Ids are looked up a page at a time; a break of the chain later in the
+    page does not hide an id lost earlier."""
+    monkeypatch.setattr(chain, "PAGE", 50)
+    attack.attacker.sql("DELETE FROM event_ids WHERE id = ?", (client_id(attack, 10),))
+    attack.attacker.edit(20, random.Random(1))
+
+    found = verify(attack.store)
+
+    assert (found.position, found.verified) == (10, 19)
+    assert found.problem is not None and "but event_ids does not hold it" in found.problem
 
 
 def test_verify_names_ids_in_the_index_that_no_kept_event_has(attack: Attack) -> None:

@@ -95,3 +95,19 @@ def test_a_kept_event_its_rules_refuse_on_replay_is_named_with_its_position(
             "against tables that did not match the log (were they edited?); alloc-ledger "
             "verify checks the log itself"
         ), command
+
+
+def test_a_kept_event_of_newer_rules_is_refused_by_every_replay(
+    sqlite_under_test: StoreUnderTest,
+) -> None:
+    """A log written by a newer release: this one does not guess its rules."""
+    target = sqlite_under_test
+    kept(target, RULES_1[:2], rules=RULES + 1)
+
+    for command in (["replay"], ["audit"], ["query", "nodes", "--as-of", "2"]):
+        done = run(*command, url=target.url)
+        assert done.returncode == 1, (command, done.stderr)
+        assert one_line_error(done.stderr) == (
+            f"Error: the kept event at position 1 was decided by rules {RULES + 1}, newer than "
+            f"this alloc-ledger's ({RULES}): upgrade alloc-ledger to apply it"
+        ), command

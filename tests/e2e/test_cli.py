@@ -479,6 +479,17 @@ def test_reading_where_there_is_no_ledger_exits_3_and_writes_nothing(tmp_path, a
     assert [(p.name, p.stat().st_size) for p in tmp_path.iterdir()] == before
 
 
+@pytest.mark.parametrize(("flag", "named"), [
+    (["--poll", "2"], "--poll"),
+    (["--no-reconnect"], "--reconnect/--no-reconnect"),
+])
+def test_follower_options_without_follow_are_a_usage_error(url, flag, named):
+    result = invoke(store(url, "project", *flag), code=2)
+    assert result.stdout == ""
+    assert result.stderr.startswith(f"Error: {named} goes with --follow")
+    assert result.stderr.count("\n") == 1
+
+
 @pytest.mark.parametrize("url", ["sqlite://", "sqlite:///:memory:", "sqlite:///file::memory:"])
 def test_an_in_memory_store_is_refused(url):
     result = invoke(["--store", url, "submit", "node-registered", "--node", "n1"], code=3)
@@ -689,6 +700,20 @@ def test_history_of_a_slot(small):
     assert rows[0]["event"] == SMALL[2] | {"at": "2026-01-01T00:00:20.000000Z"}
 
 
+def test_a_removed_node_leaves_the_suspects_even_if_it_was_suspect(url):
+    invoke(store(url, "submit", "-"), input=lines(
+        {"type": "node-registered", "node": "n1"},
+        {"type": "node-registered", "node": "n2"},
+        {"type": "node-suspected", "node": "n1", "reason": "disk"},
+        {"type": "node-suspected", "node": "n2", "reason": "disk"},
+        {"type": "node-removed", "node": "n2"},
+    ))
+
+    rows = json.loads(invoke(store(url, "query", "suspects")).stdout)
+
+    assert [(r["node"], r["health"], r["status"]) for r in rows] == [("n1", "suspect", "initializing")]
+
+
 def test_history_of_a_slot_has_the_heartbeat_that_reports_it_empty_again(url):
     """A report replaces the node's table: the slots it leaves out are reported
     empty, and that clears a zombie, so it is in their history."""
@@ -703,7 +728,7 @@ def test_history_of_a_slot_has_the_heartbeat_that_reports_it_empty_again(url):
     slot1 = json.loads(invoke(store(url, "query", "history", "n1#1")).stdout)
 
     assert [r["position"] for r in slot0] == [2, 3]  # 4 changes nothing of n1#0
-    assert [r["position"] for r in slot1] == [3, 4]  # named by both reports
+    assert [r["position"] for r in slot1] == [2, 3, 4]  # 2 leaves it out: reported empty
 
 
 # -- every query, every format, live and as of a position or a time -----------------

@@ -9,6 +9,8 @@ import json
 
 import pytest
 
+from ledger.model import RULES
+
 # -- node-registered --------------------------------------------------------
 
 
@@ -518,6 +520,22 @@ def test_a_heartbeat_does_not_bring_back_a_node_whose_parent_chain_is_gone(clust
         "node wc2 is not ready (status down); it takes no placements")
     assert cluster.refused("node-registered", node="wc3", parent="wc2") == (
         "parent node wc2 is down")
+
+
+def test_under_rules_1_the_cascade_reaches_a_grandchild_back_behind_a_child_down(cluster):
+    """Rules 1 let a node come back under a parent that was down; in a log
+    they kept, a later cascade still reaches it."""
+    cluster.ledger.rules = 1
+    family(cluster)
+    cluster.happens("node-down", node="wc1")
+    cluster.happens("heartbeat", node="wc2")  # back under wc1, which is down
+    cluster.running("lease-2", "wc2", slot=0)
+    cluster.ledger.rules = RULES
+
+    position = cluster.happens("node-down", node="host")
+
+    assert cluster.status("wc2") == "down"
+    assert cluster.states("lease-2") == [("lost", position)]
 
 
 def test_a_node_comes_back_once_every_node_of_its_parent_chain_is_back(cluster):

@@ -1,0 +1,146 @@
+"""``project --follow`` through a lost store (``commands.follower``): it warns,
+waits 1 s, then 2, 4, ... at most 30 s between tries to reopen, starts again
+from 1 s once the tables have moved on, and goes on where the tracking
+position says. The store is a real SQLite ledger behind fakes of the same
+interfaces that lose it on cue; the clock is a fake. The real loss, on
+PostgreSQL, is in ``tests/integration/test_follow.py``.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from commands import follower
+from ledger.application import Ledger
+from ledger.errors import StoreUnavailable
+from ledger.store import Store, open_store
+
+LOST = "store sqlite:///x.db: disk I/O error"
+REFUSED = "cannot open store sqlite:///x.db: connection refused"
+
+
+class LosingStore:
+    """A real store (``Store``, by delegation) that is lost at one read
+    transaction: after ``fine_reads`` of them."""
+
+    def __init__(self, store: Store, fine_reads: int) -> None:
+        self.store = store
+        self.fine_reads = fine_reads
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.store, name)
+
+    def reading(self) -> Any:
+        if self.fine_reads == 0:
+            self.fine_reads = -1
+            raise StoreUnavailable(LOST)
+        self.fine_reads -= 1
+        return self.store.reading()
+
+
+class Opener:
+    """Opens the real ledger as the script says, one entry per try: a number
+    opens it, to be lost after that many read transactions; "refuse" is a
+    store that does not answer."""
+
+    def __init__(self, *script: int | str) -> None:
+        self.script = list(script)
+        self.opened: list[Ledger] = []
+        self.created: list[bool] = []  # whether each try may create the store
+
+    def __call__(self, url: str, create: bool) -> Ledger:
+        self.created.append(create)
+        step = self.script.pop(0)
+        if step == "refuse":
+            raise StoreUnavailable(REFUSED)
+        store = open_store(url, create=create)
+        ledger = Ledger(LosingStore(store, int(step)))  # type: ignore[arg-type]
+        self.opened.append(ledger)
+        return ledger
+
+
+class Clock:
+    """The waits between tries; Ctrl-C at the wait after ``waits`` of them."""
+
+    def __init__(self, waits: int) -> None:
+        self.waited: list[float] = []
+        self.waits = waits
+
+    def sleep(self, seconds: float) -> None:
+        if len(self.waited) == self.waits:
+            raise KeyboardInterrupt
+        self.waited.append(seconds)
+
+
+@pytest.fixture
+def url(tmp_path: Path) -> str:
+    url = f"sqlite:///{tmp_path}/ledger.db"
+    with Ledger.open(url) as ledger:
+        assert ledger.submit({"type": "node-registered", "node": "n1"}).status == "appended"
+    return url
+
+
+def follow(url: str, opener: Opener, clock: Clock, capsys: Any, reconnect: bool = True) -> tuple[
+    list[dict[str, Any]], list[str]
+]:
+    follower.follow(url, batch=100, poll=0.01, reconnect=reconnect, opener=opener, sleep=clock.sleep)
+    out, err = capsys.readouterr()
+    return [json.loads(line) for line in out.splitlines()], err.splitlines()
+
+
+def test_a_lost_store_is_reopened_after_waits_that_double_up_to_30_s(url, capsys):
+    opener = Opener(2, *["refuse"] * 6, 0)
+    clock = Clock(waits=7)
+
+    lines, warnings = follow(url, opener, clock, capsys)
+
+    assert clock.waited == [1, 2, 4, 8, 16, 30, 30]
+    assert opener.created == [True] + [False] * 7  # reopening makes no empty ledger
+    assert warnings == [
+        f"warning: {LOST}; reconnecting in 1 s",
+        *(f"warning: {REFUSED}; reconnecting in {s} s" for s in (2, 4, 8, 16, 30, 30)),
+        f"warning: {LOST}; reconnecting in 30 s",  # the last one never caught up: no reset
+    ]
+    assert lines == [{"following": True, "lag": 0}, {"stopped": True, "lag": None}]
+
+
+def test_the_waits_start_again_at_1_s_once_the_tables_have_moved_on(url, capsys):
+    opener = Opener(2, "refuse", 2, "refuse", "refuse")
+    clock = Clock(waits=4)
+
+    lines, _ = follow(url, opener, clock, capsys)
+
+    assert clock.waited == [1, 2, 1, 2]
+    assert lines == [
+        {"following": True, "lag": 0},
+        {"following": True, "lag": 0, "reconnected": True},
+        {"stopped": True, "lag": None},
+    ]
+
+
+def test_no_reconnect_raises_at_the_first_loss(url, capsys):
+    with pytest.raises(StoreUnavailable, match="disk I/O error"):
+        follow(url, Opener(2), Clock(waits=0), capsys, reconnect=False)
+
+
+def test_every_ledger_it_opened_is_closed(url, capsys, monkeypatch):
+    opener = Opener(2, 2, "refuse")
+    closed: list[Ledger] = []
+    monkeypatch.setattr(Ledger, "close", lambda self: closed.append(self))
+
+    follow(url, opener, Clock(waits=2), capsys)
+
+    assert closed == opener.opened
+
+
+def test_the_follower_puts_back_the_sigterm_handler_it_found(url, capsys):
+    before = signal.getsignal(signal.SIGTERM)
+
+    follow(url, Opener(2, "refuse"), Clock(waits=1), capsys)
+
+    assert signal.getsignal(signal.SIGTERM) is before
