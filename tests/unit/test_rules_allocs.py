@@ -166,15 +166,19 @@ def test_the_same_allocation_with_other_fields_is_not_the_same_placement(cluster
     assert cluster.alloc("a1")["job"] == "web"
 
 
-def test_placing_again_on_the_same_node_names_every_field_that_differs(cluster):
+@pytest.mark.parametrize(("placed", "named"), [
+    ({"max_disconnect": 60}, "addresses and max_disconnect differ"),  # every field that differs
+    ({}, "addresses differ"),  # addresses alone, in the plural
+])
+def test_placing_again_on_the_same_node_names_the_fields_that_differ(cluster, placed, named):
     cluster.ready_node("n1")
-    cluster.place("a1", "n1", addresses=["10.0.0.5"], max_disconnect=60)
+    cluster.place("a1", "n1", addresses=["10.0.0.5"], **placed)
 
     reason = cluster.refused("alloc-placed", alloc="a1", node="n1", addresses=["10.0.0.6"])
 
     assert reason == (
-        "allocation a1 already runs on node n1, and its addresses and max_disconnect "
-        "differ; placing it again must repeat the same fields"
+        f"allocation a1 already runs on node n1, and its {named}; "
+        "placing it again must repeat the same fields"
     )
 
 
@@ -186,18 +190,6 @@ def test_the_same_addresses_in_another_order_are_the_same_placement(cluster):
                            addresses=["10.0.0.6", "10.0.0.5"])
 
     assert (again.status, again.position) == ("duplicate", placed)
-
-
-def test_other_addresses_alone_differ_in_the_plural(cluster):
-    cluster.ready_node("n1")
-    cluster.place("a1", "n1", addresses=["10.0.0.5"])
-
-    reason = cluster.refused("alloc-placed", alloc="a1", node="n1", addresses=["10.0.0.6"])
-
-    assert reason == (
-        "allocation a1 already runs on node n1, and its addresses differ; "
-        "placing it again must repeat the same fields"
-    )
 
 
 def test_a_finished_allocation_id_is_not_placed_again(cluster):
