@@ -57,9 +57,8 @@ def project(ctx: click.Context, follow: bool, batch: int, poll: float, reconnect
     if follow:
         follower.follow(store_of(ctx), batch, poll, reconnect)
         return
-    for name in ("poll", "reconnect"):
+    for name, flag in (("poll", "--poll"), ("reconnect", "--reconnect/--no-reconnect")):
         if ctx.get_parameter_source(name) is not ParameterSource.DEFAULT:
-            flag = "--poll" if name == "poll" else "--reconnect/--no-reconnect"
             raise click.UsageError(f"{flag} goes with --follow")
     with Ledger.open(store_of(ctx)) as ledger:
         first, last = follower.catch_up(ledger, batch)

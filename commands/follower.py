@@ -26,7 +26,7 @@ import click
 from commands.output import line
 from ledger.application import Ledger
 from ledger.errors import StoreUnavailable
-from ledger.store import Store, open_store
+from ledger.store import Store
 
 RETRY_FIRST = 1.0  # seconds before the first try to reopen a lost store
 RETRY_MOST = 30.0  # and at most between tries, doubling until then
@@ -61,13 +61,9 @@ def follow(
     between tries to reopen it."""
     stopping = signal.signal(signal.SIGTERM, _interrupt)  # a service manager's stop too
     try:
-        _keep_following(url, batch, poll, reconnect, opener or _open, Backoff(sleep))
+        _keep_following(url, batch, poll, reconnect, opener or Ledger.open, Backoff(sleep))
     finally:
         signal.signal(signal.SIGTERM, stopping)
-
-
-def _open(url: str, create: bool) -> Ledger:
-    return Ledger(open_store(url, create=create))
 
 
 class Backoff:

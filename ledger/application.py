@@ -67,8 +67,8 @@ class Ledger:
         self._deciding = threading.RLock()  # a PostgreSQL standby thread may decide too
 
     @classmethod
-    def open(cls, url: str | None = None) -> Ledger:
-        return cls(open_store(url))
+    def open(cls, url: str | None = None, create: bool = True) -> Ledger:
+        return cls(open_store(url, create))
 
     def close(self) -> None:
         self.store.close()
@@ -235,10 +235,10 @@ class Ledger:
             self.cluster.reject(event, str(violation), fact)
             related = self._effects(event, self.cluster.related(event))
             return Record(
-                position, REJECTED, event, recorded_at, related, str(violation), self.rules)
+                position, REJECTED, event, recorded_at, related, str(violation), rules=self.rules)
         own = (event.get("node"), event.get("alloc"))
         effects = [] if all(t in own for t in touches) else self._effects(event, touches)
-        return Record(position, event["type"], event, recorded_at, effects, None, self.rules)
+        return Record(position, event["type"], event, recorded_at, effects, rules=self.rules)
 
     @staticmethod
     def _effects(data: dict[str, Any], touches: list[str]) -> list[str]:

@@ -142,10 +142,8 @@ class IdsCheck:
         self.pending.clear()
         return None
 
-    def finish(self) -> Break | None:
-        found = self.flush()
-        if found is not None:
-            return found
+    def extra(self) -> Break | None:
+        """Once every kept id was seen: the index holds no others."""
         self.cursor.execute("SELECT COUNT(*) FROM event_ids")
         extra = int(self.cursor.fetchone()[0]) - self.seen
         if extra > 0:
@@ -170,9 +168,7 @@ class ChainCheck:
         if self.ids is None:
             return found
         earlier = self.ids.flush()  # ids still pending are at positions the chain verified
-        if earlier is not None or found is not None:
-            return earlier or found
-        return self.ids.finish()
+        return earlier or found or self.ids.extra()
 
     def _walk(
         self, events: Iterable[tuple[int, str, bytes]], hashes: Iterable[tuple[int, str]]

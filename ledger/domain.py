@@ -26,6 +26,7 @@ from ledger.model import (
     Node,
     Rejection,
     Slot,
+    placement,
 )
 
 V = TypeVar("V")
@@ -258,11 +259,8 @@ class Cluster:
         return node
 
     def check_new_allocation(self, existing: Allocation, event: Event) -> None:
-        wanted = (
-            event["node"],
-            event.get("slot"),
-            event.get("job"),
-            tuple(sorted(event.get("addresses") or ())),  # a set: in any order
+        wanted = placement(
+            event["node"], event.get("slot"), event.get("job"), event.get("addresses") or [],
             event.get("max_disconnect"),
         )
         if existing.placement() == wanted:
@@ -482,11 +480,11 @@ class Cluster:
 
     def down_ancestor(self, node: Node) -> Node | None:
         """The nearest node of its parent chain that is down or removed, if any."""
-        parent = self.node(node.parent) if node.parent is not None else None
-        while parent is not None:
+        name = node.parent
+        while name is not None and (parent := self.node(name)) is not None:
             if parent.status in ("down", "removed"):
                 return parent
-            parent = self.node(parent.parent) if parent.parent is not None else None
+            name = parent.parent
         return None
 
     def awaits_reconnect(self, node: Node) -> bool:

@@ -102,8 +102,15 @@ class Allocation:
         return moment.isoformat(timespec="microseconds") + "Z"
 
     def placement(self) -> tuple[object, ...]:
-        """What placing it fixed, addresses as a set (sorted)."""
-        return (self.node, self.slot, self.job, tuple(sorted(self.addresses)), self.max_disconnect)
+        return placement(self.node, self.slot, self.job, self.addresses, self.max_disconnect)
+
+
+def placement(
+    node: str, slot: int | None, job: str | None, addresses: list[str], max_disconnect: int | None
+) -> tuple[object, ...]:
+    """What placing an allocation fixes, to tell a retry from another
+    placement; addresses are a set (sorted)."""
+    return (node, slot, job, tuple(sorted(addresses)), max_disconnect)
 
 
 @dataclass(slots=True)

@@ -67,10 +67,8 @@ def decode(stored: Kept) -> Record:
             state["recorded_at"],
             state.get("touches", []),
             state.get("reason"),
-            state.get("rules", 1),
+            rules_of(state, stored.originator_version),
         )
-        if record.rules > RULES:
-            raise newer(record.position, record.rules)
     except (ValueError, LookupError, TypeError) as error:
         raise unreadable(stored, error) from None
     return record
@@ -120,9 +118,7 @@ def replay_log(
             fact = _blank_fact(Fact)  # filled here: Fact's __init__ costs a frame per event
             fact.position = position
             fact.at = at
-            fact.rules = rules = state.get("rules", 1)
-            if rules > RULES:
-                raise newer(position, rules)
+            fact.rules = rules_of(state, position)
             if stored.topic == REJECTED:
                 cluster.reject(event, state.get("reason") or "", fact)
             else:
@@ -154,12 +150,16 @@ def missing(position: int, found: int) -> LedgerError:
     return PositionMissing(position, found, "; alloc-ledger verify checks whether the log was edited")
 
 
-def newer(position: int, rules: Any) -> LedgerError:
-    """A kept event decided by rules this release does not know."""
-    return LedgerError(
-        f"the kept event at position {position} was decided by rules {rules}, newer than "
-        f"this alloc-ledger's ({RULES}): upgrade alloc-ledger to apply it"
-    )
+def rules_of(state: dict[str, Any], position: int) -> int:
+    """The rules a kept event was decided by (none recorded: 1); raise for
+    rules newer than this release knows."""
+    rules: int = state.get("rules", 1)
+    if rules > RULES:
+        raise LedgerError(
+            f"the kept event at position {position} was decided by rules {rules}, newer "
+            f"than this alloc-ledger's ({RULES}): upgrade alloc-ledger to apply it"
+        )
+    return rules
 
 
 def refused(position: int, violation: RuleViolation) -> LedgerError:
