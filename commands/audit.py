@@ -12,7 +12,6 @@ from commands.output import chosen, emit, emit_object, format_option
 from ledger.chain import Digest, current_digest
 from ledger.chain import verify as verify_chain
 from ledger.errors import LedgerError
-from projections.asof import OutOfRange
 from projections.audit import COLUMNS as AUDIT_COLUMNS
 from projections.audit import SECTIONS
 from projections.audit import audit as audit_history
@@ -51,10 +50,7 @@ def replay(ctx: click.Context, to: int | None, fmt: str | None) -> None:
     alloc-ledger replay --to 1200 --format json
     """
     with opened(ctx) as store:
-        try:
-            report = replay_projections(store, to)
-        except OutOfRange as error:
-            raise click.BadParameter(str(error), param_hint="--to") from None
+        report = replay_projections(store, to)
     emit_object(report.as_dict(), fmt)
     if not report.ok:
         count = len(report.differences)
@@ -132,10 +128,7 @@ def audit(ctx: click.Context, start: int | None, end: int | None, fmt: str | Non
     alloc-ledger audit --from 1000 --to 2000 --format json
     """
     with opened(ctx) as store:
-        try:
-            report = audit_history(store, start, end)
-        except OutOfRange as error:
-            raise click.BadParameter(str(error)) from None
+        report = audit_history(store, start, end)
     found = report.as_dict()
     fmt = chosen(fmt)
     if fmt == "jsonl":

@@ -12,7 +12,7 @@ from typing import Any
 
 import click
 
-from ledger.errors import LedgerError, StoreUnavailable
+from ledger.errors import BadOption, LedgerError, StoreUnavailable
 from ledger.store import Store
 
 
@@ -91,6 +91,9 @@ class LedgerGroup(click.Group):
             raise one_line(error, self._named(ctx, ctx.meta.get(WORDS, []))) from None
         except StoreUnavailable as error:
             raise StoreError(str(error)) from None
+        except BadOption as error:
+            wrong = click.BadParameter(str(error), param_hint=f"'{error.option}'")
+            raise one_line(wrong, self._named(ctx, ctx.meta.get(WORDS, []))) from None
         except LedgerError as error:
             raise click.ClickException(str(error)) from None
         except (click.ClickException, click.exceptions.Exit, click.Abort):

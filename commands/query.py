@@ -11,10 +11,9 @@ import click
 
 from commands.cli import opened
 from commands.output import emit, emit_object, format_option
-from ledger.errors import LedgerError
 from ledger.model import LIVE, TERMINAL, timestamp
 from ledger.store import Store
-from projections.asof import AsOf, OutOfRange, head_within, rebuild, state_at
+from projections.asof import AsOf, head_within, moment_of, rebuild, state_at
 from projections.history import history as history_of
 from projections.projector import Projector
 from projections.queries import COLUMNS, Queries
@@ -49,12 +48,7 @@ def _remember(ctx: click.Context, param: click.Parameter, value: Any) -> Any:
 
 
 def _point(as_of: str | None) -> AsOf | None:
-    if as_of is None:
-        return None
-    try:
-        return AsOf.parse(as_of)
-    except LedgerError as error:
-        raise click.BadParameter(str(error), param_hint="--as-of") from None
+    return None if as_of is None else AsOf.parse(as_of)
 
 
 @contextmanager
@@ -84,10 +78,7 @@ def answering(ctx: click.Context, as_of: str | None) -> Iterator[tuple[Queries, 
 def _within_the_log(store: Store, point: AsOf) -> None:
     """A position past the head has no state "right after" it (a moment
     past the last event does: everything)."""
-    try:
-        head_within(store, point.position)
-    except OutOfRange as error:
-        raise click.BadParameter(str(error), param_hint="--as-of") from None
+    head_within(store, point.position, "--as-of")
 
 
 def _named(name: str, help_text: str) -> Callable[[Callable[..., Any]], click.Command]:
@@ -111,13 +102,7 @@ def needs_reconnect(ctx: click.Context, as_of: str | None, fmt: str | None, now:
 def _parse_now(now: str | None) -> str:
     if now is None:
         return timestamp(datetime.now(UTC))
-    try:
-        point = AsOf.parse(now)
-    except LedgerError:
-        point = None
-    if point is None or point.at is None:
-        raise click.BadParameter(f"{now!r} is not an RFC 3339 time", param_hint="--now")
-    return point.at
+    return moment_of(now, "--now")
 
 
 @_named("zombie-slots", """Slots a node reports as held although history says otherwise.

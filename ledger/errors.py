@@ -15,6 +15,19 @@ class StoreUnavailable(LedgerError):
     """The store cannot be opened, reached or written."""
 
 
+class BadOption(LedgerError):
+    """A value of a command-line option the ledger cannot use (a time without
+    a zone, a position the log does not hold): a usage error of ``option``."""
+
+    def __init__(self, option: str, message: str) -> None:
+        super().__init__(message)
+        self.option = option
+
+
+class OutOfRange(BadOption):
+    """A position given for a range of history that the log does not hold."""
+
+
 class PositionMissing(LedgerError):
     """Positions are gapless: one that is not in the log was deleted."""
 

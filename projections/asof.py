@@ -10,7 +10,7 @@ from datetime import datetime
 
 from ledger.collection import fewer_collections
 from ledger.domain import Cluster
-from ledger.errors import LedgerError
+from ledger.errors import BadOption, OutOfRange
 from ledger.model import timestamp
 from ledger.records import Progress, replay_log
 from ledger.store import Store
@@ -18,17 +18,13 @@ from projections import checkpoints, tables
 from projections.rows import Statements, write_changes
 
 
-class OutOfRange(LedgerError):
-    """A position given for a range of history that the log does not hold."""
-
-
-def head_within(store: Store, position: int | None, name: str = "position") -> int:
+def head_within(store: Store, position: int | None, option: str = "--to") -> int:
     """The head of the log; ``OutOfRange`` if ``position`` is past it (there
     is no state right after an event the log does not hold yet)."""
     with store.reading() as cursor:
         head = store.head(cursor)
     if position is not None and position > head:
-        raise OutOfRange(f"{name} {position} is beyond the head of the log ({head})")
+        raise OutOfRange(option, f"position {position} is beyond the head of the log ({head})")
     return head
 
 
@@ -40,18 +36,21 @@ class AsOf:
     at: str | None = None
 
     @classmethod
-    def parse(cls, text: str) -> AsOf:
+    def parse(cls, text: str, option: str = "--as-of") -> AsOf:
         if text.isdigit():
             return cls(position=int(text))
-        try:
-            moment = datetime.fromisoformat(text.replace("z", "Z"))
-        except ValueError:
-            raise LedgerError(
-                f"--as-of {text!r} is neither a position nor an RFC 3339 timestamp"
-            ) from None
-        if moment.tzinfo is None:
-            raise LedgerError(f"--as-of {text!r} needs a time zone (Z or +hh:mm)")
-        return cls(at=timestamp(moment))
+        return cls(at=moment_of(text, option, "is neither a position nor an RFC 3339 timestamp"))
+
+
+def moment_of(text: str, option: str, wrong: str = "is not an RFC 3339 time") -> str:
+    """An RFC 3339 time given for ``option``, in the ledger's fixed-width UTC form."""
+    try:
+        moment = datetime.fromisoformat(text.replace("z", "Z"))
+    except ValueError:
+        raise BadOption(option, f"{text!r} {wrong}") from None
+    if moment.tzinfo is None:
+        raise BadOption(option, f"{text!r} needs a time zone (Z or +hh:mm)")
+    return timestamp(moment)
 
 
 @fewer_collections()

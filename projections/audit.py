@@ -29,10 +29,11 @@ from typing import Any
 
 from ledger.collection import fewer_collections
 from ledger.domain import Changes, Cluster
+from ledger.errors import OutOfRange
 from ledger.model import Allocation
 from ledger.records import Record, decode, gapless, replay
 from ledger.store import Store
-from projections.asof import OutOfRange, head_within
+from projections.asof import head_within
 
 SECTIONS = (
     "rejections", "reconnects", "zombie_slots", "releasing_addresses", "suspects", "downs",
@@ -290,13 +291,13 @@ def _started(row: dict[str, Any]) -> tuple[int, str]:
 @fewer_collections()
 def audit(store: Store, start: int | None = None, end: int | None = None) -> AuditReport:
     """Replay the log up to ``end`` and report what was unusual from ``start`` on."""
-    head = head_within(store, end, "--to")
+    head = head_within(store, end)
     first = 1 if start is None else start
     last = head if end is None else end
     if first < 1:
-        raise OutOfRange("--from must be a position of at least 1")
+        raise OutOfRange("--from", "the first position is 1")
     if first > last and head > 0:
-        raise OutOfRange(f"--from {first} is after --to {last}")
+        raise OutOfRange("--from", f"position {first} is after --to {last}")
     auditor = Auditor(first)
     for stored in gapless(store.read_log(0, last)):
         auditor.see(decode(stored))

@@ -314,15 +314,17 @@ COMMAND_NAMES = {"submit", "query", "nodes", "allocs", "alloc", "history", "need
         (["query", "nodes", "--format", "xml"],
          "Invalid value for '--format': 'xml' is not one of 'table', 'json', 'jsonl', 'csv'."),
         (["query", "nodes", "--as-of", "yesterday"],
-         ("Invalid value for --as-of: --as-of 'yesterday' is neither a position nor an "
+         ("Invalid value for '--as-of': 'yesterday' is neither a position nor an "
           "RFC 3339 timestamp")),
         (["query", "nodes", "--as-of", "2026-01-01T00:00:00"],
-         ("Invalid value for --as-of: --as-of '2026-01-01T00:00:00' needs a time zone "
+         ("Invalid value for '--as-of': '2026-01-01T00:00:00' needs a time zone "
           "(Z or +hh:mm)")),
         (["query", "alloc"], "Missing argument 'ALLOC'."),
         (["query", "history"], "Missing argument 'ENTITY'."),
         (["query", "needs-reconnect", "--now", "12"],
-         "Invalid value for --now: '12' is not an RFC 3339 time"),
+         "Invalid value for '--now': '12' is not an RFC 3339 time"),
+        (["query", "needs-reconnect", "--now", "2026-01-01"],
+         "Invalid value for '--now': '2026-01-01' needs a time zone (Z or +hh:mm)"),
         (["query", "nodes", "--as-of"], "Option '--as-of' requires an argument."),
     ],
     ids=lambda v: " ".join(v) if isinstance(v, list) else None,
@@ -347,7 +349,7 @@ def test_a_group_without_its_command_shows_its_help(url):
 def test_a_bad_now_is_reported_as_now(url):
     result = invoke(store(url, "query", "needs-reconnect", "--now", "soon"), code=2)
     assert "--as-of" not in result.stderr
-    assert "Invalid value for --now" in result.stderr
+    assert "Invalid value for '--now': 'soon' is not an RFC 3339 time" in result.stderr
 
 
 # -- the store cannot be opened or reached: exit 3, one line ------------------------
@@ -683,7 +685,19 @@ def test_an_allocation_not_yet_placed_at_a_position_says_so(small):
 def test_as_of_a_position_past_the_head_is_a_usage_error(small, args):
     result = invoke(store(small, *args), code=2)
     assert result.stdout == ""
-    assert f"position {args[-1]} is beyond the head of the log (5)" in result.stderr
+    assert f"Invalid value for '--as-of': position {args[-1]} is beyond the head of the log (5)" in result.stderr
+
+
+@pytest.mark.parametrize(("args", "error"), [
+    (["replay", "--to", "6"], "Invalid value for '--to': position 6 is beyond the head of the log (5)"),
+    (["audit", "--to", "6"], "Invalid value for '--to': position 6 is beyond the head of the log (5)"),
+    (["audit", "--from", "4", "--to", "3"], "Invalid value for '--from': position 4 is after --to 3"),
+])
+def test_a_range_the_log_does_not_hold_is_a_usage_error_of_its_option(small, args, error):
+    result = invoke(store(small, *args), code=2)
+
+    assert result.stdout == ""
+    assert result.stderr == f"Error: {error} (see 'alloc-ledger {args[0]} --help')\n"
 
 
 def test_as_of_a_moment_past_the_last_event_is_the_current_state(small):
