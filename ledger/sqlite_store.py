@@ -139,6 +139,11 @@ class SQLiteStore:
             raise StoreUnavailable(f"cannot open store {self.url}: {missing}")
 
     def _check_path(self) -> None:
+        if self.path.endswith(("/", os.sep)) or os.path.isdir(self.path):
+            raise StoreUnavailable(
+                f"cannot open store {self.url}: {self.path} names a directory; name a file in it, "
+                f"e.g. sqlite:///{os.path.join(self.path, 'alloc-ledger.db')}"
+            )
         folder = os.path.dirname(os.path.abspath(self.path))
         if not os.path.isdir(folder):
             raise StoreUnavailable(
@@ -153,12 +158,29 @@ class SQLiteStore:
             cursor.execute("PRAGMA user_version")
             if cursor.fetchone()[0] == SCHEMA_VERSION:
                 return
+            self._check_no_other_tables(cursor)
         self.recorder.create_table()
         with self.writing() as cursor:
             for statement in APPEND_ONLY:
                 cursor.execute(statement)
             tables.create(cursor, self.dialect)
             cursor.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
+
+    def _check_no_other_tables(self, cursor: sqlite3.Cursor) -> None:
+        """A new ledger goes into a file of its own: one that holds other
+        tables (a mistyped path to another database) is left as it is. The
+        log's table alone is a ledger whose creation was cut short."""
+        cursor.execute(
+            "SELECT name FROM sqlite_master WHERE type IN ('table', 'view') "
+            "AND name NOT LIKE 'sqlite\\_%' ESCAPE '\\' AND name != 'stored_events' ORDER BY name"
+        )
+        others = [row[0] for row in cursor.fetchall()]
+        if others:
+            shown = ", ".join(others[:3]) + (", …" if len(others) > 3 else "")
+            raise StoreUnavailable(
+                f"cannot open store {self.url}: {self.path} is a database of something else "
+                f"(tables {shown}), not a ledger; name a new file for the ledger"
+            )
 
     def decide(self, batch: list[dict[str, Any]], decider: Decider) -> list[Any]:
         """One writer at a time decides in its own transaction (``BEGIN IMMEDIATE``)."""

@@ -16,6 +16,7 @@ import sqlite3
 import subprocess
 import sys
 from collections.abc import Iterator
+from contextlib import closing
 from pathlib import Path
 from typing import Any
 
@@ -385,6 +386,52 @@ def test_a_store_that_is_not_a_database_exits_3(tmp_path, args):
     one_line_store_error(result, f"store {url}: file is not a database")
 
 
+@pytest.mark.parametrize("name", ["folder/", "new/"])
+def test_a_store_url_ending_in_a_slash_exits_3_and_creates_nothing(tmp_path, name):
+    (tmp_path / "folder").mkdir()
+    url = f"sqlite:///{tmp_path}/{name}"
+    result = invoke(store(url, "submit", "heartbeat", "--node", "n1"), code=3)
+    one_line_store_error(
+        result, f"cannot open store {url}: {tmp_path}/{name} names a directory; name a file in "
+        f"it, e.g. sqlite:///{tmp_path}/{name.rstrip('/')}/alloc-ledger.db"
+    )
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["folder"]
+    assert list((tmp_path / "folder").iterdir()) == []
+
+
+def test_a_database_of_something_else_is_left_as_it_is(tmp_path):
+    with closing(sqlite3.connect(tmp_path / "other.db")) as other, other:
+        other.executescript("CREATE TABLE invoices (x); CREATE VIEW totals AS SELECT 1")
+    url = f"sqlite:///{tmp_path}/other.db"
+    result = invoke(store(url, "submit", "node-registered", "--node", "n1"), code=3)
+    one_line_store_error(
+        result, f"cannot open store {url}: {tmp_path}/other.db is a database of something "
+        "else (tables invoices, totals), not a ledger; name a new file for the ledger"
+    )
+    with closing(sqlite3.connect(tmp_path / "other.db")) as other:
+        names = other.execute("SELECT name FROM sqlite_master ORDER BY name").fetchall()
+        assert (names, other.execute("PRAGMA user_version").fetchone()) == (
+            [("invoices",), ("totals",)], (0,))
+
+
+def test_a_ledger_whose_creation_was_cut_short_is_created_on_the_next_submit(tmp_path):
+    url = f"sqlite:///{tmp_path}/ledger.db"
+    invoke(store(url, "submit", "node-registered", "--node", "n1"))
+    with closing(sqlite3.connect(tmp_path / "ledger.db")) as cut, cut:
+        # as if the process had died after the log's table, before the rest
+        kept = [row[0] for row in cut.execute(
+            "SELECT name FROM sqlite_master WHERE type IN ('table', 'view') "
+            "AND name NOT IN ('stored_events', 'sqlite_sequence')")]
+        for name in kept:
+            kind = cut.execute("SELECT type FROM sqlite_master WHERE name = ?", (name,)).fetchone()[0]
+            cut.execute(f"DROP {kind} IF EXISTS {name}")
+        cut.execute("DROP TRIGGER IF EXISTS stored_events_append_only_delete")
+        cut.execute("DELETE FROM stored_events")
+        cut.execute("PRAGMA user_version = 0")
+    result = invoke(store(url, "submit", "node-registered", "--node", "n1"))
+    assert json.loads(result.stdout)["status"] == "appended"
+
+
 @pytest.fixture
 def sqlite_checked_again() -> Iterator[None]:
     """The store checks this Python's SQLite once per process: again here."""
@@ -428,7 +475,11 @@ def test_a_python_whose_sqlite_has_no_json_functions_exits_3(tmp_path, monkeypat
 def test_a_store_that_is_a_directory_exits_3(tmp_path, args):
     url = f"sqlite:///{tmp_path}"
     result = invoke(store(url, *args), code=3)
-    one_line_store_error(result, f"store {url}: unable to open database file")
+    one_line_store_error(
+        result, f"cannot open store {url}: {tmp_path} names a directory; name a file in it, "
+        f"e.g. sqlite:///{tmp_path}/alloc-ledger.db"
+    )
+    assert list(tmp_path.iterdir()) == []
 
 
 @pytest.mark.skipif(os.geteuid() == 0, reason="root reads and writes any file")
