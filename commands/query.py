@@ -197,7 +197,10 @@ def history(ctx: click.Context, as_of: str | None, fmt: str | None, entity: str)
         if point is not None:
             _within_the_log(store, point)
             upto = point.position if point.at is None else rebuild(store, point)[1]
-        emit(history_of(store, entity, upto), COLUMNS["history"], fmt)
+        found = history_of(store, entity, upto)
+    if not found:  # a mistyped name must not read as a quiet history
+        raise click.ClickException(f"no event or rejection names {entity}")
+    emit(found, COLUMNS["history"], fmt)
 
 
 COMMANDS = [query]

@@ -6,8 +6,16 @@ import json
 from typing import Any
 
 from ledger.domain import touched_by
-from ledger.records import decode
+from ledger.records import Record, decode
 from ledger.store import LoggedEvent, Store
+
+
+def slots_created(record: Record) -> list[str]:
+    """The slots (``n1#0`` …) a node's registration created."""
+    event = record.event
+    if record.rejected or event["type"] != "node-registered":
+        return []
+    return [f"{event['node']}#{index}" for index in range(event["slots"])]
 
 
 def history(store: Store, entity: str, upto: int | None = None) -> list[dict[str, Any]]:
@@ -20,7 +28,8 @@ def history(store: Store, entity: str, upto: int | None = None) -> list[dict[str
         if upto is not None and position > upto:
             break
         record = decode(LoggedEvent(position, topic, state))
-        if entity not in set(touched_by(record.event)) | set(record.touches):
+        named = set(touched_by(record.event)) | set(record.touches)
+        if entity not in named and entity not in slots_created(record):
             continue
         rows.append(
             {

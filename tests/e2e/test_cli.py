@@ -760,9 +760,32 @@ def test_as_of_a_moment_past_the_last_event_is_the_current_state(small):
 def test_history_of_a_slot(small):
     rows = json.loads(invoke(store(small, "query", "history", "n1#0")).stdout)
     assert [(r["position"], r["type"]) for r in rows] == [
-        (3, "alloc-placed"), (4, "alloc-updated"), (5, "heartbeat-missed"),
+        (1, "node-registered"), (3, "alloc-placed"), (4, "alloc-updated"), (5, "heartbeat-missed"),
     ]
-    assert rows[0]["event"] == SMALL[2] | {"at": "2026-01-01T00:00:20.000000Z"}
+    assert rows[1]["event"] == SMALL[2] | {"at": "2026-01-01T00:00:20.000000Z"}
+
+
+def test_a_slot_begins_with_the_registration_that_made_it_not_a_refused_one(url):
+    invoke(store(url, "submit", "-"), input=lines(
+        {"type": "node-registered", "node": "n1", "slots": 1},
+        {"type": "node-registered", "node": "n1", "slots": 2},
+    ), code=1)
+
+    slot0 = json.loads(invoke(store(url, "query", "history", "n1#0")).stdout)
+
+    assert [(r["position"], r["status"]) for r in slot0] == [(1, "appended")]
+    invoke(store(url, "query", "history", "n1#1"), code=1)
+
+
+@pytest.mark.parametrize(("args", "error"), [
+    (["n9"], "no event or rejection names n9"),
+    (["n1#2"], "no event or rejection names n1#2"),
+    (["a1", "--as-of", "2"], "no event or rejection names a1"),  # as a store of 2 events says
+])
+def test_the_history_of_what_nothing_names_is_an_error_not_an_empty_list(small, args, error):
+    result = invoke(store(small, "query", "history", *args), code=1)
+
+    assert (result.stdout, result.stderr) == ("", f"Error: {error}\n")
 
 
 def test_a_removed_node_leaves_the_suspects_even_if_it_was_suspect(url):
@@ -792,8 +815,8 @@ def test_history_of_a_slot_has_the_heartbeat_that_reports_it_empty_again(url):
     slot0 = json.loads(invoke(store(url, "query", "history", "n1#0")).stdout)
     slot1 = json.loads(invoke(store(url, "query", "history", "n1#1")).stdout)
 
-    assert [r["position"] for r in slot0] == [2, 3]  # 4 changes nothing of n1#0
-    assert [r["position"] for r in slot1] == [2, 3, 4]  # 2 leaves it out: reported empty
+    assert [r["position"] for r in slot0] == [1, 2, 3]  # 4 changes nothing of n1#0
+    assert [r["position"] for r in slot1] == [1, 2, 3, 4]  # 2 leaves it out: reported empty
 
 
 # -- every query, every format, live and as of a position or a time -----------------

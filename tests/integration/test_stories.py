@@ -262,6 +262,7 @@ def test_flink_no_zombie_before_tm1_reports_its_slots(told):
 def test_flink_history_of_slot_tm1_0(told):
     with told(position_of(FLINK, 3)) as t:
         assert t.history("tm1#0") == [
+            (14, "node-registered", "appended", None),
             (16, "alloc-placed", "appended", None),
             (17, "alloc-updated", "appended", None),
             (18, "alloc-placed", "rejected", "slot tm1#0 is already held by allocation f1"),
