@@ -12,6 +12,7 @@ from commands import follower
 from commands.cli import store_of
 from commands.output import line
 from ledger.application import Ledger
+from ledger.errors import BadOption
 from ledger.events import json_schema
 from ledger.store import open_store, store_url
 
@@ -83,8 +84,8 @@ def grant_reporting(ctx: click.Context, role: str) -> None:
         raise click.BadParameter("a role name is needed", param_hint="ROLE")
     url = store_url(store_of(ctx))
     if urlsplit(url).scheme not in ("postgresql", "postgres"):
-        raise click.ClickException(
-            "grant-reporting needs a PostgreSQL store (SQLite has no roles: give "
+        raise BadOption(
+            "--store", "grant-reporting needs a PostgreSQL store (SQLite has no roles: give "
             "reporting tools a read-only connection, e.g. sqlite3 'file:ledger.db?mode=ro')"
         )
     store = open_store(url, create=False)
