@@ -92,7 +92,13 @@ APPEND_ONLY = [
                USING ERRCODE = 'insufficient_privilege';
        END $$""",
 ]
-APPEND_ONLY_TABLES = ("stored_events", "event_hashes")
+APPEND_ONLY_TABLES = ("stored_events", "event_hashes", "event_ids")
+# Stores made before the client ids were guarded are guarded when next opened
+# by a role that may (the tables' owner); a lost id would let a retry append
+# its event again.
+ID_GUARDS_MISSING = (
+    "SELECT COUNT(*) < 2 FROM pg_trigger WHERE tgrelid = to_regclass(%s) AND NOT tgisinternal"
+)
 
 
 def _triggers(table: str) -> list[str]:
@@ -221,13 +227,14 @@ class PostgresStore:
         """Create the schema once (serialized across processes by an advisory lock)."""
         with self._connect(timeout, extra) as connection:
             if self._marked(connection):
+                self._guard_ids(connection)
                 return
             if not self.create:
                 self._fail(
                     f"there is no ledger in schema {self.schema} (nothing has been submitted "
                     "to it; check --store)"
                 )
-            key = zlib.crc32(f"alloc-ledger:{self.schema}".encode())
+            key = self._creation_key()
             try:
                 connection.execute("SELECT pg_advisory_lock(%s)", (key,))
                 try:
@@ -237,6 +244,28 @@ class PostgresStore:
                     connection.execute("SELECT pg_advisory_unlock(%s)", (key,))
             except (psycopg.Error, PersistenceError) as error:
                 self._fail(describe(error))
+
+    def _creation_key(self) -> int:
+        """The advisory lock that serializes changes to the schema."""
+        return zlib.crc32(f"alloc-ledger:{self.schema}".encode())
+
+    def _guard_ids(self, connection: psycopg.Connection[Any]) -> None:
+        def missing() -> bool:
+            row = connection.execute(ID_GUARDS_MISSING, (f"{self.schema}.event_ids",)).fetchone()
+            return row is not None and bool(row[0])
+
+        try:
+            if not missing():
+                return
+            with connection.transaction():
+                connection.execute("SELECT pg_advisory_xact_lock(%s)", (self._creation_key(),))
+                if missing():
+                    for statement in _triggers("event_ids"):
+                        connection.execute(statement)
+        except psycopg.errors.InsufficientPrivilege:
+            return  # not the owner: its next open guards them
+        except psycopg.Error as error:
+            self._fail(describe(error))
 
     def _marked(self, connection: psycopg.Connection[Any]) -> bool:
         try:

@@ -52,6 +52,14 @@ APPEND_ONLY = [
        BEFORE DELETE ON event_hashes
        BEGIN SELECT RAISE(ABORT, 'the event log is append-only'); END""",
 ]
+# The client ids are guarded as well: a lost id would let a retry append its
+# event again. Stores made before they were are guarded when next opened.
+ID_GUARDS = [
+    f"""CREATE TRIGGER IF NOT EXISTS event_ids_append_only_{change.lower()}
+       BEFORE {change} ON event_ids
+       BEGIN SELECT RAISE(ABORT, 'the event log is append-only'); END"""
+    for change in ("UPDATE", "DELETE")
+]
 
 
 @cache
@@ -155,13 +163,22 @@ class SQLiteStore:
 
     def _create_schema(self) -> None:
         with self.reading() as cursor:
-            cursor.execute("PRAGMA user_version")
-            if cursor.fetchone()[0] == SCHEMA_VERSION:
-                return
-            self._check_no_other_tables(cursor)
+            cursor.execute(
+                "SELECT user_version, (SELECT COUNT(*) FROM sqlite_master WHERE type = 'trigger' "
+                "AND tbl_name = 'event_ids') FROM pragma_user_version"
+            )
+            version, guards = cursor.fetchone()
+            if version != SCHEMA_VERSION:
+                self._check_no_other_tables(cursor)
+        if version == SCHEMA_VERSION:
+            if guards < len(ID_GUARDS):  # a store made before the ids were guarded
+                with self.writing() as cursor:
+                    for statement in ID_GUARDS:
+                        cursor.execute(statement)
+            return
         self.recorder.create_table()
         with self.writing() as cursor:
-            for statement in APPEND_ONLY:
+            for statement in APPEND_ONLY + ID_GUARDS:
                 cursor.execute(statement)
             tables.create(cursor, self.dialect)
             cursor.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")

@@ -43,22 +43,22 @@ class Attacker:
         return str(found[0][0])
 
     def drop_guards(self) -> None:
-        guarded = (self.events, "event_hashes")
+        guarded = (self.events, "event_hashes", "event_ids")
         if self.target.dialect == "sqlite":
             for (name,) in self.sql(
-                "SELECT name FROM sqlite_master WHERE type = 'trigger' AND tbl_name IN (?, ?)",
+                "SELECT name FROM sqlite_master WHERE type = 'trigger' AND tbl_name IN (?, ?, ?)",
                 guarded,
             ):
                 self.sql(f'DROP TRIGGER "{name}"')
             return
         for name, table in self.sql(
             "SELECT tgname, tgrelid::regclass::text FROM pg_trigger WHERE NOT tgisinternal "
-            "AND tgrelid IN (to_regclass(?), to_regclass(?))", guarded,
+            "AND tgrelid IN (to_regclass(?), to_regclass(?), to_regclass(?))", guarded,
         ):
             self.sql(f'DROP TRIGGER "{name}" ON {table}')
         for name, table in self.sql(
             "SELECT rulename, tablename FROM pg_rules WHERE schemaname = current_schema() "
-            "AND tablename IN (?, ?)", guarded,
+            "AND tablename IN (?, ?, ?)", guarded,
         ):
             self.sql(f'DROP RULE "{name}" ON {table}')
 
@@ -68,6 +68,7 @@ class Attacker:
         self.sql("CREATE TABLE kept_ids AS SELECT * FROM event_ids")
 
     def restore(self) -> None:
+        self.drop_guards()
         self.sql(f"DELETE FROM {self.events}")
         self.sql(f"INSERT INTO {self.events} SELECT * FROM kept_events")
         self.sql("DELETE FROM event_hashes")
@@ -129,6 +130,7 @@ class Attacker:
     def rewrite(self, position: int, rng: random.Random) -> None:
         """Edit an event and recompute every chain hash after it: the kept
         chain is consistent again; only a digest kept elsewhere tells."""
+        self.drop_guards()  # again: opening the store since may have put the ids' back
         self.sql("DELETE FROM event_ids WHERE position = ?", (position,))
         self.edit(position, rng)
         client = readable_id(self.event(position)[1])
@@ -145,6 +147,7 @@ class Attacker:
 
     def truncate(self, count: int) -> None:
         """Cut the last events off, hashes and client ids all."""
+        self.drop_guards()
         last = self.head()
         self.sql(f"DELETE FROM {self.events} WHERE originator_version > ?", (last - count,))
         self.sql("DELETE FROM event_hashes WHERE position > ?", (last - count,))

@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import json
 import socket
+import sqlite3
 import struct
 import threading
 import time
@@ -131,12 +132,17 @@ def test_as_of_and_history_read_the_log(store_url, alloc_ledger):
     ]
 
 
-@pytest.mark.parametrize("statement", [
+GUARDED = [
     "UPDATE stored_events SET topic = 'forged'",
     "DELETE FROM stored_events",
     "UPDATE event_hashes SET hash = 'forged'",
     "DELETE FROM event_hashes",
-])
+    "UPDATE event_ids SET position = 99",
+    "DELETE FROM event_ids",
+]
+
+
+@pytest.mark.parametrize("statement", GUARDED)
 def test_the_event_log_is_append_only_in_the_database(store_url, statement, tables):
     story(store_url)
     store = open_store(store_url)
@@ -150,7 +156,30 @@ def test_the_event_log_is_append_only_in_the_database(store_url, statement, tabl
     assert tables(store_url).head() == 8
 
 
-@pytest.mark.parametrize("table", ["stored_events", "event_hashes"])
+def test_a_store_made_before_the_ids_were_guarded_is_guarded_when_next_opened(
+    store_url, request, tables
+):
+    story(store_url)
+    if store_url.startswith("postgres"):
+        schema = request.getfixturevalue("pg_schema")
+        request.getfixturevalue("pg_admin")(
+            f"DROP TRIGGER event_ids_append_only ON {schema}.event_ids; "
+            f"DROP TRIGGER event_ids_no_truncate ON {schema}.event_ids")
+    else:
+        with contextlib.closing(sqlite3.connect(urlsplit(store_url).path[1:])) as old, old:
+            old.execute("DROP TRIGGER event_ids_append_only_update")
+            old.execute("DROP TRIGGER event_ids_append_only_delete")
+
+    store = open_store(store_url, create=False)
+    try:
+        with pytest.raises(StoreUnavailable, match="append-only"), store.writing() as cursor:
+            cursor.execute("DELETE FROM event_ids")
+    finally:
+        store.close()
+    assert tables(store_url).value("SELECT COUNT(*) FROM event_ids") > 0
+
+
+@pytest.mark.parametrize("table", ["stored_events", "event_hashes", "event_ids"])
 def test_even_the_owner_cannot_truncate_the_log(pg_url, pg_schema, pg_admin, table):
     story(pg_url)
 

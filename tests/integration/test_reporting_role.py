@@ -178,8 +178,32 @@ def test_sqlite_has_no_roles(tmp_path, alloc_ledger):
     "TRUNCATE stored_events",
     "UPDATE event_hashes SET hash = 'forged'",
     "DELETE FROM event_hashes WHERE position = 1",
+    "UPDATE event_ids SET position = 99",
+    "DELETE FROM event_ids",
+    "TRUNCATE event_ids",
 ])
 def test_even_the_ledger_owner_cannot_change_the_log(ledger_url, pg_schema, pg_admin, statement):
     with pytest.raises(psycopg.errors.InsufficientPrivilege, match="append-only"):
         pg_admin(f"SET search_path = {pg_schema}; {statement}")
     assert pg_admin(f"SELECT COUNT(*) FROM {pg_schema}.stored_events") == [(4,)]
+
+
+def test_a_role_that_may_not_add_the_ids_guards_opens_the_store_without_them(
+    granted, ledger_url, pg_dsn, pg_schema, pg_admin
+):
+    """A store made before the client ids were guarded gets the guards from
+    its owner's next open; another role's open leaves that to the owner."""
+    from ledger.store import open_store
+
+    guards = (f"SELECT COUNT(*) FROM pg_trigger WHERE NOT tgisinternal "
+              f"AND tgrelid = to_regclass('{pg_schema}.event_ids')")
+    pg_admin(f"DROP TRIGGER event_ids_append_only ON {pg_schema}.event_ids; "
+             f"DROP TRIGGER event_ids_no_truncate ON {pg_schema}.event_ids")
+    parts = urlsplit(pg_dsn)
+    as_reporter = f"postgresql://{granted}@{parts.hostname}:{parts.port or 5432}{parts.path}"
+
+    open_store(f"{as_reporter}?schema={pg_schema}", create=False).close()
+    assert pg_admin(guards) == [(0,)]
+
+    open_store(ledger_url, create=False).close()
+    assert pg_admin(guards) == [(2,)]
