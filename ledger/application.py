@@ -116,7 +116,12 @@ class Ledger:
         except InvalidEvent as error:
             return Receipt("invalid", error=str(error))
         if "at" in event:
-            event["at"] = timestamp(event["at"])  # one text form from here on
+            try:
+                event["at"] = timestamp(event["at"])  # one text form from here on
+            except OverflowError:  # 0001-01-01T00:00:00+10:00 is before the year 1 in UTC
+                return Receipt(
+                    "invalid", error="field 'at': the time is outside the years 1 to 9999 in UTC"
+                )
         return event
 
     def decide(

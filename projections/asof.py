@@ -50,7 +50,10 @@ def moment_of(text: str, option: str, wrong: str = "is not an RFC 3339 time") ->
         raise BadOption(option, f"{text!r} {wrong}") from None
     if moment.tzinfo is None:
         raise BadOption(option, f"{text!r} needs a time zone (Z or +hh:mm)")
-    return timestamp(moment)
+    try:
+        return timestamp(moment)
+    except OverflowError:
+        raise BadOption(option, f"{text!r} is outside the years 1 to 9999 in UTC") from None
 
 
 @fewer_collections()

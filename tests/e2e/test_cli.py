@@ -326,6 +326,9 @@ COMMAND_NAMES = {"submit", "query", "nodes", "allocs", "alloc", "history", "need
          "Invalid value for '--now': '12' is not an RFC 3339 time"),
         (["query", "needs-reconnect", "--now", "2026-01-01"],
          "Invalid value for '--now': '2026-01-01' needs a time zone (Z or +hh:mm)"),
+        (["query", "nodes", "--as-of", "0001-01-01T00:00:00+10:00"],
+         "Invalid value for '--as-of': '0001-01-01T00:00:00+10:00' is outside the years 1 to "
+         "9999 in UTC"),
         (["query", "nodes", "--as-of"], "Option '--as-of' requires an argument."),
     ],
     ids=lambda v: " ".join(v) if isinstance(v, list) else None,
@@ -384,6 +387,21 @@ def test_a_store_that_is_not_a_database_exits_3(tmp_path, args):
     url = f"sqlite:///{tmp_path}/junk.db"
     result = invoke(store(url, *args), code=3)
     one_line_store_error(result, f"store {url}: file is not a database")
+
+
+@pytest.mark.parametrize("at", ["0001-01-01T00:00:00+10:00", "9999-12-31T23:59:59-14:00"])
+def test_a_time_outside_the_years_1_to_9999_in_utc_is_invalid_and_the_rest_is_kept(url, at):
+    result = invoke(store(url, "submit", "-"), input=lines(
+        {"type": "node-registered", "node": "n1"},
+        {"type": "heartbeat", "node": "n1", "at": at},
+        {"type": "heartbeat", "node": "n1", "at": "0001-01-01T00:00:00-10:00"},
+    ), code=1)
+
+    assert [json.loads(line) for line in result.stdout.splitlines()][1:] == [
+        {"line": 2, "status": "invalid", "position": None,
+         "error": "field 'at': the time is outside the years 1 to 9999 in UTC"},
+        {"line": 3, "status": "appended", "position": 2, "error": None},
+    ]
 
 
 @pytest.mark.parametrize("name", ["folder/", "new/"])
