@@ -9,13 +9,14 @@ from __future__ import annotations
 
 import os
 import sqlite3
+import time
 from collections.abc import Iterator
 from contextlib import closing, contextmanager
 from functools import cache
 from typing import Any
 from urllib.parse import quote
 
-from eventsourcing.persistence import PersistenceError, Tracking
+from eventsourcing.persistence import IntegrityError, PersistenceError, Tracking
 from eventsourcing.sqlite import SQLiteConnectionPool, SQLiteDatastore, SQLiteProcessRecorder
 
 from ledger import sqlite_writes
@@ -125,9 +126,23 @@ class SQLiteStore:
         try:
             self.datastore = SQLiteDatastore(path, lock_timeout=int(timeout) or 1)
             self.recorder = SQLiteProcessRecorder(self.datastore)
-            self._create_schema()
+            self._create_schema_waiting(timeout)
         except (PersistenceError, sqlite3.Error) as error:
             raise StoreUnavailable(f"cannot open store {url}: {describe(error)}") from None
+
+    def _create_schema_waiting(self, timeout: float) -> None:
+        """``_create_schema``, again while the file is locked, up to ``timeout``:
+        processes that make a new store at once (turning it to WAL, creating
+        its tables) can find it locked without SQLite waiting for them."""
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                self._create_schema()
+                return
+            except (StoreUnavailable, PersistenceError, sqlite3.Error) as error:
+                if "locked" not in describe(error) or time.monotonic() > deadline:
+                    raise
+            time.sleep(0.05)
 
     def _timeout(self, options: dict[str, str]) -> float:
         unknown = set(options) - {"timeout"}
@@ -176,7 +191,13 @@ class SQLiteStore:
                     for statement in ID_GUARDS:
                         cursor.execute(statement)
             return
-        self.recorder.create_table()
+        try:
+            self.recorder.create_table()
+        except IntegrityError:
+            # Another process made the recorder's tables since this one looked
+            # (its migration row is there now): look again, and go on.
+            self.recorder = SQLiteProcessRecorder(self.datastore)
+            self.recorder.create_table()
         with self.writing() as cursor:
             for statement in APPEND_ONLY + ID_GUARDS:
                 cursor.execute(statement)
@@ -186,10 +207,12 @@ class SQLiteStore:
     def _check_no_other_tables(self, cursor: sqlite3.Cursor) -> None:
         """A new ledger goes into a file of its own: one that holds other
         tables (a mistyped path to another database) is left as it is. The
-        log's table alone is a ledger whose creation was cut short."""
+        recorder's tables alone (the log and tracking) are a ledger whose
+        creation was cut short, or is under way in another process."""
         cursor.execute(
             "SELECT name FROM sqlite_master WHERE type IN ('table', 'view') "
-            "AND name NOT LIKE 'sqlite\\_%' ESCAPE '\\' AND name != 'stored_events' ORDER BY name"
+            "AND name NOT LIKE 'sqlite\\_%' ESCAPE '\\' "
+            "AND name NOT IN ('stored_events', 'tracking') ORDER BY name"
         )
         others = [row[0] for row in cursor.fetchall()]
         if others:

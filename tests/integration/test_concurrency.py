@@ -134,3 +134,32 @@ def test_eight_writers_racing_for_the_same_things_get_one_winner_each(
         assert verify(store).ok
     finally:
         store.close()
+
+
+def test_writers_making_one_new_sqlite_store_at_once_all_open_it(tmp_path: Any) -> None:
+    """Six at once on a file that does not exist yet, twenty times: the WAL
+    switch and the recorder's migration row race; every one opens the
+    store, which is one ledger."""
+    import threading
+
+    for round_ in range(20):
+        url = f"sqlite:///{tmp_path}/new{round_}.db"
+        start = threading.Barrier(6)
+        failures: list[str] = []
+
+        def opener(url: str = url, start: threading.Barrier = start,
+                   failures: list[str] = failures) -> None:
+            start.wait()
+            try:
+                open_store(url).close()
+            except Exception as error:  # noqa: BLE001 - the test names it
+                failures.append(str(error))
+
+        threads = [threading.Thread(target=opener) for _ in range(6)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        assert failures == [], f"round {round_}: {failures[0]}"
+        with Ledger.open(url) as ledger:
+            assert ledger.submit({"type": "node-registered", "node": "n1"}).status == "appended"
