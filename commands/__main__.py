@@ -1,3 +1,3 @@
-from commands.cli import main
+from commands.console import main
 
 main()

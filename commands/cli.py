@@ -71,6 +71,8 @@ class LedgerGroup(click.Group):
     def make_context(self, *args: Any, **kwargs: Any) -> click.Context:
         try:
             return super().make_context(*args, **kwargs)
+        except KeyboardInterrupt:  # while reading the command line: as in a command
+            raise interrupted() from None
         except click.exceptions.NoArgsIsHelpError:
             raise  # not an error: click shows the help
         except click.UsageError as error:
@@ -99,8 +101,7 @@ class LedgerGroup(click.Group):
         except (click.ClickException, click.exceptions.Exit, click.Abort):
             raise
         except KeyboardInterrupt:  # Ctrl-C: what was reported before it is kept
-            click.echo("Error: interrupted", err=True)
-            raise click.exceptions.Exit(130) from None
+            raise interrupted() from None
         except BrokenPipeError:
             sys.stderr.close()
             raise click.exceptions.Exit(1) from None
@@ -111,6 +112,12 @@ class LedgerGroup(click.Group):
                 f"internal error: {type(error).__name__}: {error} "
                 "(set ALLOC_LEDGER_DEBUG=1 for the traceback)"
             ) from None
+
+
+def interrupted() -> click.exceptions.Exit:
+    """Ctrl-C: one line, exit 130 (as ``commands.console`` while loading)."""
+    click.echo("Error: interrupted", err=True)
+    return click.exceptions.Exit(130)
 
 
 def one_line(error: click.UsageError, where: str) -> click.UsageError:

@@ -242,6 +242,35 @@ def test_submit_stdin(url):
     assert result.stdout == MIXED_RESULTS
 
 
+class InterruptedImport:
+    """A finder that is Ctrl-C'd while the command line's module is loading."""
+
+    def find_spec(self, name: str, *_: Any) -> None:
+        if name == "commands.cli":
+            raise KeyboardInterrupt
+
+
+def test_ctrl_c_while_the_command_line_loads_exits_130_in_one_line(monkeypatch, capsys):
+    from commands import console
+
+    monkeypatch.delitem(sys.modules, "commands.cli")
+    monkeypatch.setattr(sys, "meta_path", [InterruptedImport(), *sys.meta_path])
+    with pytest.raises(SystemExit) as exited:
+        console.main()
+
+    assert (exited.value.code, capsys.readouterr().err) == (130, "Error: interrupted\n")
+
+
+def test_ctrl_c_while_the_arguments_are_read_exits_130_in_one_line(url, monkeypatch):
+    def interrupted(*_: Any) -> None:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(click.Group, "parse_args", interrupted)
+    result = invoke(store(url, "query", "nodes"), code=130)
+
+    assert (result.stdout, result.stderr) == ("", "Error: interrupted\n")
+
+
 def test_submit_stdin_through_a_pipe(url):
     done = subprocess.run(
         [sys.executable, "-m", "commands", "--store", url, "submit", "-"],
