@@ -161,6 +161,13 @@ class Handoff:
                 ).fetchone()
                 if row is not None:
                     return [Receipt(*fields) for fields in orjson.loads(row[0])]
+            if isinstance(self.failure, StoreUnavailable) and time.monotonic() <= deadline:
+                # This process's leader lost the lead or a connection (it
+                # stalled past its lease, or the server ended a session): its
+                # round rolled back, and the batch waits in ``handoff`` for
+                # whoever leads next. Stand by again, as a new writer would.
+                self._stand_by()  # once the failed standby has ended
+                continue
             if self.failure is not None or time.monotonic() > deadline:
                 if taken:  # a leader took it and has not answered in twice the time
                     raise StoreUnavailable(

@@ -220,6 +220,36 @@ def test_a_round_whose_commit_fails_goes_back_and_another_leader_decides_it(pg_u
         assert verify(ledger.store).ok
 
 
+def test_a_lone_writer_whose_leader_stalled_stands_by_again_and_decides_its_batch(
+    pg_url, tables
+):
+    """Ctrl-Z and fg on the only writer: its own standby leads, stalls longer
+    than the lease, and the server ends its lead and its round. The writer
+    waiting in the same process stands by again, and its batch (back in
+    ``handoff``) is decided once, within the writer's timeout."""
+    pg_url += COMBINE + "&timeout=6"  # the lease: 2 s
+    _register(pg_url, "n1")
+    with Ledger.open(pg_url) as ledger:
+        assert ledger.submit({"type": "heartbeat", "node": "n1"}).position == 2  # it leads now
+        handoff: Any = ledger.store.handoff  # type: ignore[attr-defined]
+        decide_round = handoff._round
+        stalls = [3.0]
+
+        def round_that_stalls(connection: Any, committing: Any) -> Any:
+            if stalls:
+                connection.execute("BEGIN")
+                time.sleep(stalls.pop())  # idle in a transaction past the lease
+            return decide_round(connection, committing)
+
+        handoff._round = round_that_stalls
+        receipt = ledger.submit({"type": "heartbeat", "node": "n1", "id": "after-the-stall"})
+
+    assert (receipt.status, receipt.position) == ("appended", 3)
+    assert tables(pg_url).value(
+        "SELECT position FROM event_ids WHERE id = 'after-the-stall'") == 3
+    assert tables(pg_url).head() == 3
+
+
 def test_a_stopped_leader_loses_the_lead_and_a_standby_decides(pg_url, tables):
     pg_url += COMBINE + "&timeout=6"  # a leader that stalls 2 s loses the lead
     _register(pg_url, "n1")
