@@ -474,6 +474,7 @@ def test_a_ledger_whose_creation_was_cut_short_is_created_on_the_next_submit(tmp
             cut.execute(f"DROP {kind} IF EXISTS {name}")
         cut.execute("DROP TRIGGER IF EXISTS stored_events_append_only_delete")
         cut.execute("DELETE FROM stored_events")
+        cut.execute("DELETE FROM tracking WHERE application_name != '__migration__'")
         cut.execute("PRAGMA user_version = 0")
     result = invoke(store(url, "submit", "node-registered", "--node", "n1"))
     assert json.loads(result.stdout)["status"] == "appended"
