@@ -102,6 +102,19 @@ PURGE_EVERY = 1000  # rounds
 POLL = 0.05  # seconds a writer or an idle leader waits for a notification before looking
 RENEW = 0.5  # seconds between a leader's renewals of its lease
 PAYLOAD = 7900  # bytes of receipts a notification carries, else they are in ``outcomes``
+RESTARTS = 3  # times a writer stands by again, while it waits, after its own leader lost the lead
+# The server ended the session (idle in a transaction past the lease, an
+# administrator, a restart) or the connection broke (no SQLSTATE): the lead
+# is lost, not the batch, which went back to ``handoff`` with the round.
+SESSION_ENDED = ("25P03", "57P01", "57P02")
+
+
+def lost_lead(error: BaseException) -> bool:
+    """Whether a leader's failure was its session ending, not its work failing."""
+    cause = error.__cause__ if isinstance(error, StoreUnavailable) else error
+    return isinstance(cause, psycopg.OperationalError) and (
+        cause.sqlstate is None or cause.sqlstate in SESSION_ENDED
+    )
 
 
 def _wait(committing: Future[None] | None) -> None:
@@ -128,6 +141,7 @@ class Handoff:
         self.lease = max(timeout / 3, 1.0)  # seconds a leader may stall before it loses the lead
         self.stopping = threading.Event()
         self.failure: BaseException | None = None
+        self.lost_lead = False  # the failure is the lead lost (``lost_lead``)
         self.leading = False
         self.rounds = 0
 
@@ -150,6 +164,7 @@ class Handoff:
     def _await(self, connection: psycopg.Connection[Any], key: str) -> list[Receipt]:
         deadline = time.monotonic() + self.timeout
         taken = False
+        restarts = 0
         while True:
             heard = [n.payload for n in connection.notifies(timeout=POLL, stop_after=1)]
             mine = [p[len(key) :] for p in heard if p.startswith(key)]
@@ -161,12 +176,12 @@ class Handoff:
                 ).fetchone()
                 if row is not None:
                     return [Receipt(*fields) for fields in orjson.loads(row[0])]
-            if isinstance(self.failure, StoreUnavailable) and time.monotonic() <= deadline:
-                # This process's leader lost the lead or a connection (it
-                # stalled past its lease, or the server ended a session): its
-                # round rolled back, and the batch waits in ``handoff`` for
-                # whoever leads next. Stand by again, as a new writer would.
-                self._stand_by()  # once the failed standby has ended
+            if self.lost_lead and restarts < RESTARTS and time.monotonic() <= deadline:
+                # This process's leader lost the lead (it stalled past its
+                # lease: Ctrl-Z and fg): its round rolled back, and the batch
+                # waits in ``handoff`` for whoever leads next. Stand by again,
+                # as a new writer would, once the failed standby has ended.
+                restarts += self._stand_by()
                 continue
             if self.failure is not None or time.monotonic() > deadline:
                 if taken:  # a leader took it and has not answered in twice the time
@@ -206,13 +221,16 @@ class Handoff:
 
     # -- the standby's side ---------------------------------------------------
 
-    def _stand_by(self) -> None:
-        if self.standby is None or not self.standby.is_alive():
-            self.failure = None
-            self.standby = threading.Thread(
-                target=self._lead_when_free, name="alloc-ledger-standby", daemon=True
-            )
-            self.standby.start()
+    def _stand_by(self) -> bool:
+        """Start standing by unless this process already does; whether it started."""
+        if self.standby is not None and self.standby.is_alive():
+            return False
+        self.failure, self.lost_lead = None, False
+        self.standby = threading.Thread(
+            target=self._lead_when_free, name="alloc-ledger-standby", daemon=True
+        )
+        self.standby.start()
+        return True
 
     def _lead_when_free(self) -> None:
         try:
@@ -233,6 +251,7 @@ class Handoff:
             self._lead(connection, lease)
         except BaseException as error:  # noqa: BLE001 - for the writer waiting in this process
             if not self.stopping.is_set():
+                self.lost_lead = lost_lead(error)
                 self.failure = (
                     self.store.unavailable(error) if isinstance(error, psycopg.Error) else error
                 )

@@ -332,10 +332,8 @@ class PostgresStore:
                     self._local.cursor = None
                     self._local.last = None
                     self._local.ids = None
-        except psycopg.Error as error:
-            raise StoreUnavailable(f"store {self.shown}: {describe(error)}") from None
-        except PersistenceError as error:
-            raise StoreUnavailable(f"store {self.shown}: {describe(error)}") from None
+        except (psycopg.Error, PersistenceError) as error:  # the cause kept: see lost_lead
+            raise StoreUnavailable(f"store {self.shown}: {describe(error)}") from error
 
     def writing(self) -> Any:
         """A write transaction: the log's EXCLUSIVE lock first, then everything else."""

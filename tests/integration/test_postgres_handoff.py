@@ -250,6 +250,28 @@ def test_a_lone_writer_whose_leader_stalled_stands_by_again_and_decides_its_batc
     assert tables(pg_url).head() == 3
 
 
+def test_a_leader_whose_work_fails_is_reported_at_once_not_stood_by_again(pg_url, tables):
+    """Only a lead lost is waited out: a round that fails in the database
+    ends the writer's wait with that failure, with nothing written."""
+    import psycopg
+
+    pg_url += COMBINE + "&timeout=6"
+    _register(pg_url, "n1")
+    with Ledger.open(pg_url) as ledger:
+        handoff: Any = ledger.store.handoff  # type: ignore[attr-defined]
+
+        def round_that_is_refused(connection: Any, committing: Any) -> Any:
+            raise psycopg.errors.InsufficientPrivilege("permission denied for table nodes")
+
+        handoff._round = round_that_is_refused
+        started = time.monotonic()
+        with pytest.raises(StoreUnavailable, match="permission denied for table nodes"):
+            ledger.submit({"type": "heartbeat", "node": "n1"})
+
+    assert time.monotonic() - started < 3  # not the writer's timeout (6 s)
+    assert tables(pg_url).head() == 1
+
+
 def test_a_stopped_leader_loses_the_lead_and_a_standby_decides(pg_url, tables):
     pg_url += COMBINE + "&timeout=6"  # a leader that stalls 2 s loses the lead
     _register(pg_url, "n1")
