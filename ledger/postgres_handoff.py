@@ -112,9 +112,9 @@ SESSION_ENDED = ("25P03", "57P01", "57P02")
 def lost_lead(error: BaseException) -> bool:
     """Whether a leader's failure was its session ending, not its work failing."""
     cause = error.__cause__ if isinstance(error, StoreUnavailable) else error
-    return isinstance(cause, psycopg.OperationalError) and (
-        cause.sqlstate is None or cause.sqlstate in SESSION_ENDED
-    )
+    if isinstance(cause, psycopg.OperationalError) and cause.sqlstate is None:
+        return True  # the connection broke
+    return isinstance(cause, psycopg.Error) and cause.sqlstate in SESSION_ENDED
 
 
 def _wait(committing: Future[None] | None) -> None:

@@ -250,6 +250,29 @@ def test_a_lone_writer_whose_leader_stalled_stands_by_again_and_decides_its_batc
     assert tables(pg_url).head() == 3
 
 
+def test_a_lead_is_lost_when_the_session_ends_not_when_the_work_fails() -> None:
+    import psycopg
+
+    from ledger.postgres_handoff import lost_lead
+
+    def wrapped(error: Exception) -> StoreUnavailable:
+        try:
+            raise StoreUnavailable("store …") from error
+        except StoreUnavailable as unavailable:
+            return unavailable
+
+    ended = [psycopg.OperationalError("server closed the connection unexpectedly"),
+             psycopg.errors.IdleInTransactionSessionTimeout("idle-in-transaction timeout"),
+             psycopg.errors.AdminShutdown("terminating connection")]
+    failed = [psycopg.errors.InsufficientPrivilege("permission denied"),
+              psycopg.errors.DiskFull("could not extend file"),
+              psycopg.errors.UniqueViolation("duplicate key"), RuntimeError("a bug")]
+    assert [lost_lead(e) for e in ended] == [True] * 3
+    assert [lost_lead(wrapped(e)) for e in ended] == [True] * 3
+    assert [lost_lead(e) for e in failed] == [False] * 4
+    assert [lost_lead(wrapped(e)) for e in failed] == [False] * 4
+
+
 def test_a_leader_whose_work_fails_is_reported_at_once_not_stood_by_again(pg_url, tables):
     """Only a lead lost is waited out: a round that fails in the database
     ends the writer's wait with that failure, with nothing written."""
