@@ -12,6 +12,7 @@ from typing import Any
 
 import click
 
+from commands.console import INTERRUPTED
 from ledger.errors import BadOption, LedgerError, StoreUnavailable
 from ledger.store import Store
 
@@ -116,7 +117,7 @@ class LedgerGroup(click.Group):
 
 def interrupted() -> click.exceptions.Exit:
     """Ctrl-C: one line, exit 130 (as ``commands.console`` while loading)."""
-    click.echo("Error: interrupted", err=True)
+    click.echo(INTERRUPTED, err=True)
     return click.exceptions.Exit(130)
 
 

@@ -6,9 +6,11 @@ from __future__ import annotations
 
 import sys
 
+INTERRUPTED = "Error: interrupted"  # and exit 130, here and in ``commands.cli``
+
 
 def interrupted() -> SystemExit:
-    sys.stderr.write("Error: interrupted\n")
+    sys.stderr.write(INTERRUPTED + "\n")
     return SystemExit(130)
 
 

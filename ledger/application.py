@@ -19,7 +19,7 @@ from ledger.chain import GENESIS, link
 from ledger.collection import fewer_collections
 from ledger.domain import AlreadyPlaced, Cluster, touched_by
 from ledger.errors import InvalidEvent, LedgerError, RuleViolation
-from ledger.model import RULES, Event, Fact, Receipt, answered, timestamp, valid_of
+from ledger.model import OUT_OF_YEARS, RULES, Event, Fact, Receipt, answered, timestamp, valid_of
 from ledger.records import REJECTED, Record, encode
 from ledger.store import LoggedEvent, Store, open_store
 from projections.projector import Projector
@@ -119,9 +119,7 @@ class Ledger:
             try:
                 event["at"] = timestamp(event["at"])  # one text form from here on
             except OverflowError:  # 0001-01-01T00:00:00+10:00 is before the year 1 in UTC
-                return Receipt(
-                    "invalid", error="field 'at': the time is outside the years 1 to 9999 in UTC"
-                )
+                return Receipt("invalid", error=f"field 'at': the time is {OUT_OF_YEARS}")
         return event
 
     def decide(

@@ -143,6 +143,7 @@ class Rejection:
 
 
 _ZERO = timedelta(0)
+OUT_OF_YEARS = "outside the years 1 to 9999 in UTC"  # what ``timestamp`` cannot write
 
 
 def timestamp(moment: datetime) -> str:

@@ -97,7 +97,8 @@ APPEND_ONLY_TABLES = ("stored_events", "event_hashes", "event_ids")
 # by a role that may (the tables' owner); a lost id would let a retry append
 # its event again.
 ID_GUARDS_MISSING = (
-    "SELECT COUNT(*) < 2 FROM pg_trigger WHERE tgrelid = to_regclass(%s) AND NOT tgisinternal"
+    "SELECT COUNT(*) < 2 FROM pg_trigger WHERE tgrelid = to_regclass(%s) "
+    "AND tgname IN ('event_ids_append_only', 'event_ids_no_truncate')"
 )
 
 

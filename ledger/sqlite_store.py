@@ -55,11 +55,12 @@ APPEND_ONLY = [
 ]
 # The client ids are guarded as well: a lost id would let a retry append its
 # event again. Stores made before they were are guarded when next opened.
+ID_GUARD_NAMES = ("event_ids_append_only_update", "event_ids_append_only_delete")
 ID_GUARDS = [
-    f"""CREATE TRIGGER IF NOT EXISTS event_ids_append_only_{change.lower()}
-       BEFORE {change} ON event_ids
+    f"""CREATE TRIGGER IF NOT EXISTS {name}
+       BEFORE {name.rsplit("_", 1)[1].upper()} ON event_ids
        BEGIN SELECT RAISE(ABORT, 'the event log is append-only'); END"""
-    for change in ("UPDATE", "DELETE")
+    for name in ID_GUARD_NAMES
 ]
 
 
@@ -92,6 +93,18 @@ def _holds_ledger(path: str) -> bool:
             return bool(probe.execute("PRAGMA user_version").fetchone()[0])
     except sqlite3.Error:
         return True
+
+
+def _busy(error: BaseException | None) -> bool:
+    """Whether SQLite refused for a lock (SQLITE_BUSY, SQLITE_LOCKED), here or
+    in what caused it."""
+    while error is not None:
+        if isinstance(error, sqlite3.Error) and getattr(error, "sqlite_errorcode", 0) & 0xFF in (
+            sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED
+        ):
+            return True
+        error = error.__cause__
+    return False
 
 
 def describe(error: BaseException) -> str:
@@ -140,7 +153,7 @@ class SQLiteStore:
                 self._create_schema()
                 return
             except (StoreUnavailable, PersistenceError, sqlite3.Error) as error:
-                if "locked" not in describe(error) or time.monotonic() > deadline:
+                if not _busy(error) or time.monotonic() > deadline:
                     raise
             time.sleep(0.05)
 
@@ -180,10 +193,16 @@ class SQLiteStore:
         with self.reading() as cursor:
             cursor.execute(
                 "SELECT user_version, (SELECT COUNT(*) FROM sqlite_master WHERE type = 'trigger' "
-                "AND tbl_name = 'event_ids') FROM pragma_user_version"
+                f"AND name IN ({', '.join('?' * len(ID_GUARD_NAMES))})) FROM pragma_user_version",
+                ID_GUARD_NAMES,
             )
             version, guards = cursor.fetchone()
-            if version != SCHEMA_VERSION:
+            if version > SCHEMA_VERSION:
+                raise StoreUnavailable(
+                    f"cannot open store {self.url}: it was made by a newer alloc-ledger "
+                    f"(schema version {version}, this one knows {SCHEMA_VERSION}): upgrade"
+                )
+            if version == 0:
                 self._check_no_other_tables(cursor)
         if version == SCHEMA_VERSION:
             if guards < len(ID_GUARDS):  # a store made before the ids were guarded
@@ -207,14 +226,20 @@ class SQLiteStore:
     def _check_no_other_tables(self, cursor: sqlite3.Cursor) -> None:
         """A new ledger goes into a file of its own: one that holds other
         tables (a mistyped path to another database) is left as it is. The
-        recorder's tables alone (the log and tracking) are a ledger whose
-        creation was cut short, or is under way in another process."""
+        recorder's tables alone, the log empty, are a ledger whose creation
+        was cut short, or is under way in another process; a log that holds
+        events is another application's."""
         cursor.execute(
             "SELECT name FROM sqlite_master WHERE type IN ('table', 'view') "
             "AND name NOT LIKE 'sqlite\\_%' ESCAPE '\\' "
             "AND name NOT IN ('stored_events', 'tracking') ORDER BY name"
         )
         others = [row[0] for row in cursor.fetchall()]
+        cursor.execute("SELECT name FROM sqlite_master WHERE name = 'stored_events'")
+        if cursor.fetchone() is not None:
+            cursor.execute("SELECT 1 FROM stored_events LIMIT 1")
+            if cursor.fetchone() is not None:
+                others.insert(0, "stored_events (with events)")
         if others:
             shown = ", ".join(others[:3]) + (", …" if len(others) > 3 else "")
             raise StoreUnavailable(
@@ -240,10 +265,8 @@ class SQLiteStore:
                     connection.rollback()
                     raise
                 connection.commit()
-        except sqlite3.Error as error:
-            raise StoreUnavailable(f"store {self.url}: {describe(error)}") from None
-        except PersistenceError as error:
-            raise StoreUnavailable(f"store {self.url}: {describe(error)}") from None
+        except (sqlite3.Error, PersistenceError) as error:  # the cause kept: see _busy
+            raise StoreUnavailable(f"store {self.url}: {describe(error)}") from error
 
     def projecting(self) -> Any:
         """A transaction for catching up the projection tables."""
@@ -254,8 +277,8 @@ class SQLiteStore:
         try:
             with self.datastore.transaction(commit=False) as cursor:
                 yield cursor.sqlite_cursor
-        except (sqlite3.Error, PersistenceError) as error:
-            raise StoreUnavailable(f"store {self.url}: {describe(error)}") from None
+        except (sqlite3.Error, PersistenceError) as error:  # the cause kept: see _busy
+            raise StoreUnavailable(f"store {self.url}: {describe(error)}") from error
 
     def preload(self, cursor: Any, sql: Any, cluster: Any, batch: list[dict[str, Any]]) -> None:
         """Nothing to do: an entity loaded on demand costs no round trip here."""

@@ -11,14 +11,14 @@ from datetime import datetime
 from ledger.collection import fewer_collections
 from ledger.domain import Cluster
 from ledger.errors import BadOption, OutOfRange
-from ledger.model import timestamp
+from ledger.model import OUT_OF_YEARS, timestamp
 from ledger.records import Progress, replay_log
 from ledger.store import Store
 from projections import checkpoints, tables
 from projections.rows import Statements, write_changes
 
 
-def head_within(store: Store, position: int | None, option: str = "--to") -> int:
+def head_within(store: Store, position: int | None, option: str) -> int:
     """The head of the log; ``OutOfRange`` if ``position`` is past it (there
     is no state right after an event the log does not hold yet)."""
     with store.reading() as cursor:
@@ -42,18 +42,18 @@ class AsOf:
         return cls(at=moment_of(text, option, "is neither a position nor an RFC 3339 timestamp"))
 
 
-def moment_of(text: str, option: str, wrong: str = "is not an RFC 3339 time") -> str:
+def moment_of(text: str, option: str, not_a_time: str = "is not an RFC 3339 time") -> str:
     """An RFC 3339 time given for ``option``, in the ledger's fixed-width UTC form."""
     try:
         moment = datetime.fromisoformat(text.replace("z", "Z"))
     except ValueError:
-        raise BadOption(option, f"{text!r} {wrong}") from None
+        raise BadOption(option, f"{text!r} {not_a_time}") from None
     if moment.tzinfo is None:
         raise BadOption(option, f"{text!r} needs a time zone (Z or +hh:mm)")
     try:
         return timestamp(moment)
     except OverflowError:
-        raise BadOption(option, f"{text!r} is outside the years 1 to 9999 in UTC") from None
+        raise BadOption(option, f"{text!r} is {OUT_OF_YEARS}") from None
 
 
 @fewer_collections()

@@ -291,7 +291,7 @@ def _started(row: dict[str, Any]) -> tuple[int, str]:
 @fewer_collections()
 def audit(store: Store, start: int | None = None, end: int | None = None) -> AuditReport:
     """Replay the log up to ``end`` and report what was unusual from ``start`` on."""
-    head = head_within(store, end)
+    head = head_within(store, end, "--to")
     first = 1 if start is None else start
     last = head if end is None else end
     if first < 1:

@@ -11,7 +11,10 @@ from ledger.store import LoggedEvent, Store
 
 
 def slots_created(record: Record) -> list[str]:
-    """The slots (``n1#0`` …) a node's registration created."""
+    """The slots (``n1#0`` …) a node's registration created: derived from the
+    event here, since the kept registrations name only the node (and its
+    parent) among what they touch, and a history must not depend on the
+    release that kept them."""
     event = record.event
     if record.rejected or event["type"] != "node-registered":
         return []

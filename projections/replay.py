@@ -164,7 +164,7 @@ class Scratch:
 def replay(store: Store, to: int | None = None) -> ReplayReport:
     """Rebuild every projection from the log into scratch tables and compare
     them with the live tables (or, with ``to``, with the as-of state there)."""
-    head = head_within(store, to)
+    head = head_within(store, to, "--to")
     prefix = f"replay_{secrets.token_hex(4)}_"
     scratch = Scratch(store, prefix)
     try:

@@ -461,15 +461,45 @@ def test_a_database_of_something_else_is_left_as_it_is(tmp_path):
             [("invoices",), ("totals",)], (0,))
 
 
+def test_another_event_store_with_events_is_left_as_it_is(tmp_path):
+    with closing(sqlite3.connect(tmp_path / "app.db")) as other, other:
+        other.executescript(
+            "CREATE TABLE stored_events (originator_id TEXT, originator_version INTEGER, "
+            "topic TEXT, state BLOB, PRIMARY KEY (originator_id, originator_version));"
+            "INSERT INTO stored_events VALUES ('x', 1, 'app:Created', x'7b7d')"
+        )
+    url = f"sqlite:///{tmp_path}/app.db"
+    result = invoke(store(url, "submit", "node-registered", "--node", "n1"), code=3)
+    one_line_store_error(
+        result, f"cannot open store {url}: {tmp_path}/app.db is a database of something "
+        "else (tables stored_events (with events)), not a ledger; name a new file for the ledger"
+    )
+    with closing(sqlite3.connect(tmp_path / "app.db")) as other:
+        assert other.execute("SELECT name FROM sqlite_master").fetchall() == [
+            ("stored_events",), ("sqlite_autoindex_stored_events_1",)]
+
+
+def test_a_store_of_a_newer_schema_is_refused_untouched(tmp_path):
+    url = f"sqlite:///{tmp_path}/ledger.db"
+    invoke(store(url, "submit", "node-registered", "--node", "n1"))
+    with closing(sqlite3.connect(tmp_path / "ledger.db")) as newer, newer:
+        newer.execute("PRAGMA user_version = 99")
+    result = invoke(store(url, "query", "nodes"), code=3)
+    one_line_store_error(
+        result, f"cannot open store {url}: it was made by a newer alloc-ledger "
+        "(schema version 99, this one knows 1): upgrade"
+    )
+
+
 def test_a_ledger_whose_creation_was_cut_short_is_created_on_the_next_submit(tmp_path):
     url = f"sqlite:///{tmp_path}/ledger.db"
     invoke(store(url, "submit", "node-registered", "--node", "n1"))
     with closing(sqlite3.connect(tmp_path / "ledger.db")) as cut, cut:
         # as if the process had died after the log's table, before the rest
-        kept = [row[0] for row in cut.execute(  # all but what the recorder makes first
+        dropped = [row[0] for row in cut.execute(  # all but what the recorder makes first
             "SELECT name FROM sqlite_master WHERE type IN ('table', 'view') "
             "AND name NOT IN ('stored_events', 'tracking', 'sqlite_sequence')")]
-        for name in kept:
+        for name in dropped:
             kind = cut.execute("SELECT type FROM sqlite_master WHERE name = ?", (name,)).fetchone()[0]
             cut.execute(f"DROP {kind} IF EXISTS {name}")
         cut.execute("DROP TRIGGER IF EXISTS stored_events_append_only_delete")

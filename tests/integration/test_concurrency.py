@@ -137,9 +137,10 @@ def test_eight_writers_racing_for_the_same_things_get_one_winner_each(
 
 
 def test_writers_making_one_new_sqlite_store_at_once_all_open_it(tmp_path: Any) -> None:
-    """Six at once on a file that does not exist yet, twenty times: the WAL
-    switch and the recorder's migration row race; every one opens the
-    store, which is one ledger."""
+    """Six at once (threads, each with a store of its own, as processes
+    have) on a file that does not exist yet, twenty times: the WAL switch and
+    the recorder's migration row race; every one opens the store, which is
+    one ledger."""
     import threading
 
     for round_ in range(20):
@@ -162,4 +163,6 @@ def test_writers_making_one_new_sqlite_store_at_once_all_open_it(tmp_path: Any) 
             thread.join()
         assert failures == [], f"round {round_}: {failures[0]}"
         with Ledger.open(url) as ledger:
-            assert ledger.submit({"type": "node-registered", "node": "n1"}).status == "appended"
+            receipt = ledger.submit({"type": "node-registered", "node": "n1"})
+            assert (receipt.status, receipt.position) == ("appended", 1)
+            assert verify(ledger.store).ok
