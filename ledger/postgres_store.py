@@ -96,9 +96,12 @@ APPEND_ONLY_TABLES = ("stored_events", "event_hashes", "event_ids")
 # Stores made before the client ids were guarded are guarded when next opened
 # by a role that may (the tables' owner); a lost id would let a retry append
 # its event again.
-ID_GUARDS_MISSING = (
-    "SELECT COUNT(*) < 2 FROM pg_trigger WHERE tgrelid = to_regclass(%s) "
-    "AND tgname IN ('event_ids_append_only', 'event_ids_no_truncate')"
+# Whether a schema holds a ledger (its mark) and its client ids are guarded:
+# one round trip for every open.
+FOUND = (
+    "SELECT obj_description(to_regclass(%(hashes)s), 'pg_class') IS NOT DISTINCT FROM %(mark)s, "
+    "(SELECT COUNT(*) = 2 FROM pg_trigger WHERE tgrelid = to_regclass(%(ids)s) "
+    "AND tgname IN ('event_ids_append_only', 'event_ids_no_truncate'))"
 )
 
 
@@ -227,8 +230,10 @@ class PostgresStore:
     def _check_and_create(self, timeout: float, extra: dict[str, str]) -> None:
         """Create the schema once (serialized across processes by an advisory lock)."""
         with self._connect(timeout, extra) as connection:
-            if self._marked(connection):
-                self._guard_ids(connection)
+            marked, guarded = self._found(connection)
+            if marked:
+                if not guarded:
+                    self._guard_ids(connection)
                 return
             if not self.create:
                 self._fail(
@@ -239,7 +244,7 @@ class PostgresStore:
             try:
                 connection.execute("SELECT pg_advisory_lock(%s)", (key,))
                 try:
-                    if not self._marked(connection):
+                    if not self._found(connection)[0]:
                         self._create_schema(connection, extra)
                 finally:
                     connection.execute("SELECT pg_advisory_unlock(%s)", (key,))
@@ -251,16 +256,12 @@ class PostgresStore:
         return zlib.crc32(f"alloc-ledger:{self.schema}".encode())
 
     def _guard_ids(self, connection: psycopg.Connection[Any]) -> None:
-        def missing() -> bool:
-            row = connection.execute(ID_GUARDS_MISSING, (f"{self.schema}.event_ids",)).fetchone()
-            return row is not None and bool(row[0])
-
+        """Guard the client ids of a store made before they were (another
+        process may be doing it too: under the schema's lock, look again)."""
         try:
-            if not missing():
-                return
             with connection.transaction():
                 connection.execute("SELECT pg_advisory_xact_lock(%s)", (self._creation_key(),))
-                if missing():
+                if not self._found(connection)[1]:
                     for statement in _triggers("event_ids"):
                         connection.execute(statement)
         except psycopg.errors.InsufficientPrivilege:
@@ -268,15 +269,15 @@ class PostgresStore:
         except psycopg.Error as error:
             self._fail(describe(error))
 
-    def _marked(self, connection: psycopg.Connection[Any]) -> bool:
+    def _found(self, connection: psycopg.Connection[Any]) -> tuple[bool, bool]:
+        """Whether the schema holds a ledger, and whether its client ids are guarded."""
+        names = {"hashes": f"{self.schema}.event_hashes", "ids": f"{self.schema}.event_ids",
+                 "mark": MARK}
         try:
-            row = connection.execute(
-                "SELECT obj_description(to_regclass(%s), 'pg_class')",
-                (f"{self.schema}.event_hashes",),
-            ).fetchone()
+            row = connection.execute(FOUND, names).fetchone()
         except psycopg.Error as error:  # the server went away after it answered
             self._fail(describe(error))
-        return row is not None and row[0] == MARK
+        return (bool(row[0]), bool(row[1])) if row is not None else (False, False)
 
     def _create_schema(self, connection: psycopg.Connection[Any], extra: dict[str, str]) -> None:
         connection.execute(sql.SQL("CREATE SCHEMA IF NOT EXISTS {}").format(
