@@ -12,7 +12,7 @@ from typing import Any
 
 import click
 
-from commands.console import INTERRUPTED
+from commands.console import interrupted
 from ledger.errors import BadOption, LedgerError, StoreUnavailable
 from ledger.store import Store
 
@@ -113,12 +113,6 @@ class LedgerGroup(click.Group):
                 f"internal error: {type(error).__name__}: {error} "
                 "(set ALLOC_LEDGER_DEBUG=1 for the traceback)"
             ) from None
-
-
-def interrupted() -> click.exceptions.Exit:
-    """Ctrl-C: one line, exit 130 (as ``commands.console`` while loading)."""
-    click.echo(INTERRUPTED, err=True)
-    return click.exceptions.Exit(130)
 
 
 def one_line(error: click.UsageError, where: str) -> click.UsageError:

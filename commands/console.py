@@ -6,11 +6,10 @@ from __future__ import annotations
 
 import sys
 
-INTERRUPTED = "Error: interrupted"  # and exit 130, here and in ``commands.cli``
-
 
 def interrupted() -> SystemExit:
-    sys.stderr.write(INTERRUPTED + "\n")
+    """Ctrl-C: one line, exit 130, while loading and in a command alike."""
+    sys.stderr.write("Error: interrupted\n")
     return SystemExit(130)
 
 

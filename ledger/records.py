@@ -60,7 +60,7 @@ def encode(record: Record) -> LoggedEvent:
 def decode(stored: Kept) -> Record:
     try:
         state = orjson.loads(stored.state)
-        record = Record(
+        return Record(
             stored.originator_version,
             stored.topic,
             state["event"],
@@ -71,7 +71,6 @@ def decode(stored: Kept) -> Record:
         )
     except (ValueError, LookupError, TypeError) as error:
         raise unreadable(stored, error) from None
-    return record
 
 
 def replay(cluster: Cluster, record: Record) -> None:

@@ -231,12 +231,11 @@ class SQLiteStore:
         events is another application's."""
         cursor.execute(
             "SELECT name FROM sqlite_master WHERE type IN ('table', 'view') "
-            "AND name NOT LIKE 'sqlite\\_%' ESCAPE '\\' "
-            "AND name NOT IN ('stored_events', 'tracking') ORDER BY name"
+            "AND name NOT LIKE 'sqlite\\_%' ESCAPE '\\' ORDER BY name"
         )
-        others = [row[0] for row in cursor.fetchall()]
-        cursor.execute("SELECT name FROM sqlite_master WHERE name = 'stored_events'")
-        if cursor.fetchone() is not None:
+        names = [row[0] for row in cursor.fetchall()]
+        others = [name for name in names if name not in ("stored_events", "tracking")]
+        if "stored_events" in names:
             cursor.execute("SELECT 1 FROM stored_events LIMIT 1")
             if cursor.fetchone() is not None:
                 others.insert(0, "stored_events (with events)")
