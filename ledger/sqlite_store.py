@@ -280,7 +280,15 @@ class SQLiteStore:
             raise StoreUnavailable(f"store {self.url}: {describe(error)}") from error
 
     def preload(self, cursor: Any, sql: Any, cluster: Any, batch: list[dict[str, Any]]) -> None:
-        """Nothing to do: an entity loaded on demand costs no round trip here."""
+        """The allocations a batch places, and their addresses, that the caches
+        miss, one query each: mostly new, so found absent. One lookup at a
+        time, each would hand the GIL to the writer thread and wait to take
+        it back (``ledger.pipeline``). What else a batch names is mostly
+        held already, and loaded on demand."""
+        placed = [e for e in batch if e["type"] == "alloc-placed"]
+        allocs = {e["alloc"] for e in placed} - cluster.allocs.keys()
+        addresses = {a for e in placed for a in e.get("addresses", ())} - cluster.addresses.keys()
+        sqlite_writes.preload(cursor, sql.prefix, cluster, allocs, addresses)
 
     def head(self, cursor: Any) -> int:
         cursor.execute(

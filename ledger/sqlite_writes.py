@@ -1,4 +1,5 @@
-"""SQLite writes a batch as one statement per table.
+"""SQLite writes a batch as one statement per table (and reads what it
+names that way, ``preload``).
 
 A statement's rows travel as one JSON document, an array of row arrays that
 orjson writes in C, and SQLite reads them with ``json_each``. The point is
@@ -18,6 +19,7 @@ from typing import Any
 
 import orjson
 
+from ledger.model import AddressHold
 from ledger.store import LoggedEvent
 from projections.rows import (
     ADDRESS_COLUMNS,
@@ -25,6 +27,7 @@ from projections.rows import (
     NODE_COLUMNS,
     SLOT_COLUMNS,
     ChangedRows,
+    alloc_from,
     names,
     updates,
 )
@@ -80,6 +83,14 @@ class BatchStatements:
         self.insert_state = inserted(f"{t}alloc_states", "alloc, position, value, at")
         self.insert_rejection = inserted(
             f"{t}rejections", "position, type, entity, reason, event, at")
+        self.allocs_named = (
+            f"SELECT {ALLOC_COLUMNS} FROM {t}allocations "
+            "WHERE alloc IN (SELECT value FROM json_each(?))"
+        )
+        self.addresses_named = (
+            f"SELECT {ADDRESS_COLUMNS} FROM {t}addresses "
+            "WHERE address IN (SELECT value FROM json_each(?))"
+        )
 
 
 INSERT_HASHES = inserted("event_hashes", "position, hash")
@@ -101,6 +112,24 @@ def insert_events(table: str) -> str:
 @cache
 def statements_for(prefix: str) -> BatchStatements:
     return BatchStatements(prefix)
+
+
+def preload(
+    cursor: Any, prefix: str, cluster: Any, allocs: set[str], addresses: set[str]
+) -> None:
+    """Load allocations and addresses into a cluster's caches, absent ones
+    too, one statement each."""
+    statements = statements_for(prefix)
+    if allocs:
+        cursor.execute(statements.allocs_named, (as_json(list(allocs)),))
+        found = {row[0]: alloc_from(row) for row in cursor.fetchall()}
+        for alloc in allocs:
+            cluster.allocs[alloc] = found.get(alloc)
+    if addresses:
+        cursor.execute(statements.addresses_named, (as_json(list(addresses)),))
+        held = {row[0]: AddressHold(*row) for row in cursor.fetchall()}
+        for address in addresses:
+            cluster.addresses[address] = held.get(address)
 
 
 def write_rows(cursor: Any, prefix: str, changed: ChangedRows) -> None:

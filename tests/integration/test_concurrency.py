@@ -136,6 +136,39 @@ def test_eight_writers_racing_for_the_same_things_get_one_winner_each(
         store.close()
 
 
+def test_a_writer_that_has_loaded_nothing_decides_a_batch_against_what_another_placed(
+    store_url,
+):
+    """A writer's caches start empty; what a batch places is looked up in the
+    tables at once (one query a table), found or found absent."""
+    with Ledger.open(store_url) as first:
+        for event in (
+            {"type": "node-registered", "node": "n1", "slots": 2},
+            {"type": "heartbeat", "node": "n1"},
+            {"type": "alloc-placed", "alloc": "a1", "node": "n1", "slot": 0,
+             "addresses": ["10.0.0.5"]},
+        ):
+            assert first.submit(event).status == "appended"
+
+    with Ledger.open(store_url) as second:
+        receipts = second.submit_batch([
+            {"type": "alloc-placed", "alloc": "a1", "node": "n1", "slot": 0,
+             "addresses": ["10.0.0.5"]},
+            {"type": "alloc-placed", "alloc": "a1", "node": "n1", "slot": 1},
+            {"type": "alloc-placed", "alloc": "a2", "node": "n1", "addresses": ["10.0.0.5"]},
+            {"type": "alloc-placed", "alloc": "a3", "node": "n1", "slot": 1,
+             "addresses": ["10.0.0.6"]},
+        ])
+
+    assert [(r.status, r.position, r.error) for r in receipts] == [
+        ("duplicate", 3, None),
+        ("rejected", 4, "allocation a1 already holds slot n1#0"),
+        ("rejected", 5,
+         "address 10.0.0.5 is still held by allocation a1, which has not shut down"),
+        ("appended", 6, None),
+    ]
+
+
 def test_writers_making_one_new_sqlite_store_at_once_all_open_it(tmp_path: Any) -> None:
     """Six at once (threads, each with a store of its own, as processes
     have) on a file that does not exist yet, twenty times: the WAL switch and

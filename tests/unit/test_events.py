@@ -3,6 +3,7 @@ the same JSON line would be, and a line that is not JSON is placed by column."""
 
 from __future__ import annotations
 
+from datetime import datetime, timedelta, timezone
 from typing import Any
 
 import orjson
@@ -12,6 +13,7 @@ from hypothesis import strategies as st
 
 from ledger.errors import InvalidEvent
 from ledger.events import EVENT_TYPES, received
+from ledger.model import timestamp
 
 FIELDS = [
     "type", "id", "at", "source", "node", "slots", "parent", "reason", "passed", "alloc",
@@ -64,3 +66,25 @@ def test_an_unknown_or_missing_field_is_named_alike_as_a_dict_or_a_line(
 ])
 def test_whitespace_json_does_not_allow_is_placed_by_column(line: str | bytes, error: str) -> None:
     assert outcome(line) == ("invalid", f"not valid JSON: {error}")
+
+
+OFFSETS = st.builds(
+    lambda minutes: timezone(timedelta(minutes=minutes)), st.integers(-23 * 60 - 59, 23 * 60 + 59))
+MOMENTS = st.datetimes(
+    min_value=datetime(2, 1, 1), max_value=datetime(9998, 12, 31), timezones=OFFSETS)
+
+
+@settings(max_examples=300, deadline=None)
+@given(MOMENTS, MOMENTS)
+def test_an_at_is_kept_in_one_fixed_width_utc_form_whose_text_order_is_time_order(a, b):
+    kept_a, kept_b = timestamp(a), timestamp(b)
+
+    assert len(kept_a) == 27 and kept_a.endswith("Z")
+    assert datetime.fromisoformat(kept_a) == a
+    assert (kept_a < kept_b) == (a < b) and (kept_a == kept_b) == (a == b)
+
+
+def test_an_at_as_validated_is_kept_in_utc_with_its_microseconds():
+    event = received('{"type": "heartbeat", "node": "n1", "at": "2026-01-01T05:30:00.12+05:30"}')
+
+    assert timestamp(event["at"]) == "2026-01-01T00:00:00.120000Z"
