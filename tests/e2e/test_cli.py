@@ -261,6 +261,28 @@ def test_ctrl_c_while_the_command_line_loads_exits_130_in_one_line(monkeypatch, 
     assert (exited.value.code, capsys.readouterr().err) == (130, "Error: interrupted\n")
 
 
+@pytest.mark.parametrize("chosen", [None, "", "logfire"])
+def test_the_command_line_loads_no_pydantic_plugins_unless_told_which(
+    chosen, monkeypatch, capsys
+):
+    from pydantic.plugin._loader import get_plugins
+
+    from commands import console
+
+    if chosen is None:
+        monkeypatch.delenv(console.PLUGINS, raising=False)
+    else:
+        monkeypatch.setenv(console.PLUGINS, chosen)
+    monkeypatch.setattr(sys, "argv", ["alloc-ledger", "schema"])
+    with pytest.raises(SystemExit) as exited:
+        console.main()
+
+    assert exited.value.code == 0 and '"title": "alloc-ledger event"' in capsys.readouterr().out
+    assert os.environ[console.PLUGINS] == ("__all__" if chosen is None else chosen)
+    if chosen is None:
+        assert tuple(get_plugins()) == ()  # pydantic does not look for them
+
+
 def test_ctrl_c_while_the_arguments_are_read_exits_130_in_one_line(url, monkeypatch):
     def interrupted(*_: Any) -> None:
         raise KeyboardInterrupt
