@@ -335,7 +335,7 @@ class Bench:
 
             with Ledger.open(url) as ledger:
                 return ledger.lag()
-        except Exception as error:  # reported, not fatal
+        except Exception as error:  # noqa: BLE001 - reported, not fatal
             return f"unknown ({type(error).__name__})"
 
     def _raw_insert(self) -> tuple[float, str]:
@@ -856,7 +856,7 @@ print(json.dumps({"code": code if isinstance(code, int) else None, "loaded": loa
     def step(self, name: str, function: Any) -> None:
         try:
             function()
-        except Exception as error:
+        except Exception as error:  # noqa: BLE001 - a crashed section is reported, the run goes on
             if self.args.debug:
                 traceback.print_exc()
             self.report.error("-", name, error)
@@ -949,7 +949,7 @@ def main(argv: list[str] | None = None) -> int:
         bench = Bench(args, workdir)
         try:
             report = bench.run_all()
-        except Exception as error:  # setup failed: report what there is
+        except Exception as error:  # noqa: BLE001 - setup failed: report what there is
             if args.debug:
                 traceback.print_exc()
             bench.report.error("-", "setup", error)

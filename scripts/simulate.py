@@ -36,7 +36,7 @@ import os
 import sys
 from collections import deque
 from collections.abc import Callable, Iterator
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from random import Random
 from typing import Any, TextIO
 
@@ -106,27 +106,27 @@ CONNECTED = frozenset((READY, INIT))
     K_SWARM,
 ) = range(11)
 
-_EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
 Body = tuple[str, dict[str, Any]]
 
 
 class Node:
     __slots__ = (
-        "name",
-        "slots",
-        "parent",
-        "children",
-        "status",
-        "health",
-        "table",
         "allocs",
-        "epoch",
         "beats",
-        "phase",
+        "children",
         "copies",
         "dirty",
+        "epoch",
+        "health",
+        "name",
+        "parent",
+        "phase",
         "quoted",
+        "slots",
+        "status",
+        "table",
     )
 
     def __init__(self, name: str, slots: int, parent: Node | None, phase: int) -> None:
@@ -147,7 +147,7 @@ class Node:
 
 
 class Alloc:
-    __slots__ = ("id", "node", "job", "slot", "addrs", "desired", "client", "maxdc", "stage", "service")
+    __slots__ = ("addrs", "client", "desired", "id", "job", "maxdc", "node", "service", "slot", "stage")
 
     def __init__(
         self,
@@ -177,9 +177,9 @@ def slot_report(table: list[str | None]) -> list[dict[str, Any]]:
 
 def parse_start(text: str) -> datetime:
     """Parse an RFC 3339 timestamp (a trailing Z allowed); naive means UTC."""
-    value = datetime.fromisoformat(text.strip().replace("z", "Z").replace("Z", "+00:00"))
+    value = datetime.fromisoformat(text.strip().replace("z", "Z"))
     if value.tzinfo is None:
-        value = value.replace(tzinfo=timezone.utc)
+        value = value.replace(tzinfo=UTC)
     return value
 
 
@@ -208,7 +208,7 @@ class _Simulation:
         self.source = source
         begin = parse_start(start) if isinstance(start, str) else start
         if begin.tzinfo is None:
-            begin = begin.replace(tzinfo=timezone.utc)
+            begin = begin.replace(tzinfo=UTC)
         self.start_us = (begin - _EPOCH) // timedelta(microseconds=1)
         self.dt_us = max(1, round(HEARTBEAT_SECONDS * 1_000_000 * HEARTBEAT_SHARE / nodes))
         self.per_second = 1_000_000 / self.dt_us  # events per simulated second

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import re
+
 import pytest
 from click.testing import CliRunner, Result
 
@@ -95,8 +96,8 @@ KEY_ANSWERS = {
         "$ alloc-ledger query rejections --as-of 49",
         "49 alloc-placed lease3 node wc1 is not ready (status down); it takes no placements",
         "$ alloc-ledger query history 10.0.0.5 --as-of 49",
-        "33 alloc-placed rejected 2026-03-02T11:01:10.000000Z address 10.0.0.5 is still held "
-        "by allocation t1, which has not shut down",
+        ("33 alloc-placed rejected 2026-03-02T11:01:10.000000Z address 10.0.0.5 is still held "
+         "by allocation t1, which has not shut down"),
         "36 alloc-placed appended 2026-03-02T11:01:40.000000Z",
     ],
 }
@@ -127,7 +128,7 @@ def test_demo_keeps_the_store_it_was_given(told):
 def shown_answers(output: str) -> list[tuple[list[str], str]]:
     """Each ``$ alloc-ledger query …`` the demo shows, with the table under it."""
     found = []
-    blocks = re.findall(r"^  \$ alloc-ledger query (.*)\n  # .*\n((?:.+\n)+)", output, re.M)
+    blocks = re.findall(r"^  \$ alloc-ledger query (.*)\n  # .*\n((?:.+\n)+)", output, re.MULTILINE)
     for args, table in blocks:
         found.append((args.split(" "), table))
     return found

@@ -433,8 +433,8 @@ def test_a_duration_too_long_for_its_column_is_invalid_on_its_own(store_url):
     batch: list[dict | str] = [
         {"type": "node-registered", "node": "n1", "slots": 2},
         {"type": "heartbeat", "node": "n1"},
-        '{"type": "alloc-placed", "alloc": "a1", "node": "n1", "slot": 0, '
-        '"max_disconnect": 100000000000000000000}',  # beyond 64 bits: the log's JSON cannot
+        ('{"type": "alloc-placed", "alloc": "a1", "node": "n1", "slot": 0, '
+         '"max_disconnect": 100000000000000000000}'),  # beyond 64 bits: the log's JSON cannot
         {"type": "alloc-placed", "alloc": "a2", "node": "n1", "slot": 0,
          "max_disconnect": 2**31},  # beyond PostgreSQL's INTEGER
         {"type": "alloc-placed", "alloc": "a3", "node": "n1", "slot": 1,

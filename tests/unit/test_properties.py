@@ -153,18 +153,20 @@ def test_the_scratch_tables_have_the_documented_names():
 @given(st.lists(EVENTS, min_size=1, max_size=40), st.data())
 def test_as_of_from_a_checkpoint_equals_as_of_from_scratch(stream, data):
     stream = timed(stream)
-    with tempfile.TemporaryDirectory() as directory:
-        with Ledger.open(f"sqlite:///{Path(directory) / 'l.db'}") as ledger:
-            list(ledger.submit_many(stream, batch=5))
-            every = data.draw(st.integers(1, 7))
-            for point in (AsOf(position=data.draw(st.integers(0, 40))),
-                          AsOf(at=f"2026-01-01T00:00:{data.draw(st.integers(0, 45)):02d}.000000Z")):
-                first, p1 = rebuild(ledger.store, point, every=every)  # keeps checkpoints
-                again, p2 = rebuild(ledger.store, point, every=every)  # starts from one
-                scratch, p3 = rebuild(ledger.store, point, every=0)
-                assert p1 == p2 == p3
-                assert rows(materialize(again)) == rows(materialize(scratch))
-                assert rows(materialize(first)) == rows(materialize(scratch))
+    with (
+        tempfile.TemporaryDirectory() as directory,
+        Ledger.open(f"sqlite:///{Path(directory) / 'l.db'}") as ledger,
+    ):
+        list(ledger.submit_many(stream, batch=5))
+        every = data.draw(st.integers(1, 7))
+        for point in (AsOf(position=data.draw(st.integers(0, 40))),
+                      AsOf(at=f"2026-01-01T00:00:{data.draw(st.integers(0, 45)):02d}.000000Z")):
+            first, p1 = rebuild(ledger.store, point, every=every)  # keeps checkpoints
+            again, p2 = rebuild(ledger.store, point, every=every)  # starts from one
+            scratch, p3 = rebuild(ledger.store, point, every=0)
+            assert p1 == p2 == p3
+            assert rows(materialize(again)) == rows(materialize(scratch))
+            assert rows(materialize(first)) == rows(materialize(scratch))
 
 
 def test_a_writer_that_forgets_its_cache_decides_alike(tmp_path, monkeypatch):
