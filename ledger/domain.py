@@ -398,6 +398,7 @@ class Cluster:
         if event["passed"]:
             if node.health != "ok":
                 node.health = "ok"
+                node.health_reason = None
                 node.since_position = fact.position
                 if node.status != "down":
                     node.reason = None
@@ -504,11 +505,18 @@ class Cluster:
             node.lost_allocs = []
             if node.health == "ok":
                 node.reason = None
+            elif node.health_reason is not None:  # back from down, still suspect (rules 3)
+                node.reason = node.health_reason
         self._changed_node(node)
 
     def _set_suspect(self, node: Node, reason: str, fact: Fact) -> None:
         node.health = "suspect"
-        node.reason = reason
+        if fact.rules < 3:
+            node.reason = reason
+        else:
+            node.health_reason = reason
+            if node.status != "down":  # while down, its reason says why it went down
+                node.reason = reason
         node.since_position = fact.position
         self._changed_node(node)
 

@@ -22,8 +22,12 @@ DESIRED_ORDER = {"run": 0, "stop": 1, "remove": 2}
 # kept by an earlier version replays to the tables it had. 2 (2026-11-22): a
 # heartbeat does not bring a node back while its parent chain is down or
 # removed; an allocation that stops waiting to reconnect is no longer
-# ``unknown_since`` anything.
-RULES = 2
+# ``unknown_since`` anything. 3 (2026-11-22): a node's ``reason`` says why
+# it is down while it is down, and why it is suspect otherwise: a suspicion
+# of a down node keeps the reason it went down, and a node back from down
+# that is still suspect shows its suspicion's reason again
+# (``health_reason``, kept from rules 3 on).
+RULES = 3
 
 
 @dataclass(slots=True)
@@ -51,6 +55,7 @@ class Node:
     allocs: int = 0
     lost_allocs: list[str] = field(default_factory=list)
     registered_position: int = 0
+    health_reason: str | None = None  # why it is suspect (rules 3 on), down or not
 
 
 @dataclass(slots=True)

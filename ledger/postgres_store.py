@@ -53,8 +53,11 @@ from ledger.store import (
 from projections import tables
 from projections.rows import ChangedRows, Statements
 
-SCHEMA_VERSION = 3  # 2: the handoff tables (ledger.postgres_handoff); 3: handoff.inline
+# 2: the handoff tables (ledger.postgres_handoff); 3: handoff.inline;
+# 4: nodes.health_reason, zombie_slots (``projections.tables.upgrade``)
+SCHEMA_VERSION = 4
 MARK = f"alloc-ledger schema {SCHEMA_VERSION}"
+MARKED = re.compile(r"alloc-ledger schema (\d+)")
 PAGE = 5000
 TRACKING = "tracking"
 STATE_PREFIX = "state_"
@@ -96,10 +99,10 @@ APPEND_ONLY_TABLES = ("stored_events", "event_hashes", "event_ids")
 # Stores made before the client ids were guarded are guarded when next opened
 # by a role that may (the tables' owner); a lost id would let a retry append
 # its event again.
-# Whether a schema holds a ledger (its mark) and its client ids are guarded:
-# one round trip for every open.
+# The schema's ledger mark (which version made it, if any) and whether its
+# client ids are guarded: one round trip for every open.
 FOUND = (
-    "SELECT obj_description(to_regclass(%(hashes)s), 'pg_class') IS NOT DISTINCT FROM %(mark)s, "
+    "SELECT obj_description(to_regclass(%(hashes)s), 'pg_class'), "
     "(SELECT COUNT(*) = 2 FROM pg_trigger WHERE tgrelid = to_regclass(%(ids)s) "
     "AND tgname IN ('event_ids_append_only', 'event_ids_no_truncate'))"
 )
@@ -228,14 +231,20 @@ class PostgresStore:
         return f"server {where} unreachable: {reason}"
 
     def _check_and_create(self, timeout: float, extra: dict[str, str]) -> None:
-        """Create the schema once (serialized across processes by an advisory lock)."""
+        """Create the schema once, or bring one an earlier version made up to
+        this one (serialized across processes by an advisory lock)."""
         with self._connect(timeout, extra) as connection:
-            marked, guarded = self._found(connection)
-            if marked:
+            version, guarded = self._found(connection)
+            if version == SCHEMA_VERSION:
                 if not guarded:
                     self._guard_ids(connection)
                 return
-            if not self.create:
+            if version > SCHEMA_VERSION:
+                self._fail(
+                    f"it was made by a newer alloc-ledger (schema version {version}, "
+                    f"this one knows {SCHEMA_VERSION}): upgrade"
+                )
+            if version == 0 and not self.create:
                 self._fail(
                     f"there is no ledger in schema {self.schema} (nothing has been submitted "
                     "to it; check --store)"
@@ -244,10 +253,18 @@ class PostgresStore:
             try:
                 connection.execute("SELECT pg_advisory_lock(%s)", (key,))
                 try:
-                    if not self._found(connection)[0]:
+                    if self._found(connection)[0] != SCHEMA_VERSION:
                         self._create_schema(connection, extra)
                 finally:
                     connection.execute("SELECT pg_advisory_unlock(%s)", (key,))
+            except psycopg.errors.InsufficientPrivilege as error:
+                if not version:
+                    self._fail(describe(error))
+                self._fail(
+                    f"it was made by an earlier alloc-ledger (schema version {version}): "
+                    "open it once as a role that may change its tables (their owner) to "
+                    f"upgrade it ({describe(error)})"
+                )
             except (psycopg.Error, PersistenceError) as error:
                 self._fail(describe(error))
 
@@ -269,15 +286,18 @@ class PostgresStore:
         except psycopg.Error as error:
             self._fail(describe(error))
 
-    def _found(self, connection: psycopg.Connection[Any]) -> tuple[bool, bool]:
-        """Whether the schema holds a ledger, and whether its client ids are guarded."""
-        names = {"hashes": f"{self.schema}.event_hashes", "ids": f"{self.schema}.event_ids",
-                 "mark": MARK}
+    def _found(self, connection: psycopg.Connection[Any]) -> tuple[int, bool]:
+        """The schema version of the ledger the schema holds (0: none), and
+        whether its client ids are guarded."""
+        names = {"hashes": f"{self.schema}.event_hashes", "ids": f"{self.schema}.event_ids"}
         try:
             row = connection.execute(FOUND, names).fetchone()
         except psycopg.Error as error:  # the server went away after it answered
             self._fail(describe(error))
-        return (bool(row[0]), bool(row[1])) if row is not None else (False, False)
+        if row is None:
+            return 0, False
+        mark = MARKED.fullmatch(row[0] or "")
+        return (int(mark[1]) if mark else 0), bool(row[1])
 
     def _create_schema(self, connection: psycopg.Connection[Any], extra: dict[str, str]) -> None:
         connection.execute(sql.SQL("CREATE SCHEMA IF NOT EXISTS {}").format(
@@ -297,8 +317,9 @@ class PostgresStore:
             for table in APPEND_ONLY_TABLES:
                 for statement in _triggers(table):
                     cursor.execute(statement)
-            tables.create(cursor, self.dialect)
-            tables.create(cursor, self.dialect, prefix=STATE_PREFIX)
+            for prefix in ("", STATE_PREFIX):
+                tables.create(cursor, self.dialect, prefix=prefix)
+                tables.upgrade(cursor, self.dialect, prefix=prefix)  # made by an earlier version
             for statement in HANDOFF_TABLES:
                 cursor.execute(statement)
             cursor.execute(

@@ -32,7 +32,7 @@ from ledger.store import (
 )
 from projections import tables
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2  # 2: nodes.health_reason, zombie_slots (``projections.tables.upgrade``)
 MIN_SQLITE = (3, 33, 0)
 PAGE = 5000
 
@@ -221,6 +221,7 @@ class SQLiteStore:
             for statement in APPEND_ONLY + ID_GUARDS:
                 cursor.execute(statement)
             tables.create(cursor, self.dialect)
+            tables.upgrade(cursor, self.dialect)  # a store of an earlier version
             cursor.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
 
     def _check_no_other_tables(self, cursor: sqlite3.Cursor) -> None:

@@ -17,7 +17,7 @@ from ledger.model import AddressHold, Allocation, Node, Slot
 
 NODE_COLUMNS = (
     "node, status, health, parent, slots, slots_used, allocs, reason, since_position, "
-    "last_heartbeat_at, last_heartbeat_position, lost_allocs, registered_position"
+    "last_heartbeat_at, last_heartbeat_position, lost_allocs, registered_position, health_reason"
 )
 SLOT_COLUMNS = "node, slot, state, alloc, since_position, reported_alloc, reported_position"
 ALLOC_COLUMNS = (
@@ -63,18 +63,19 @@ def node_row(n: Node) -> tuple[Any, ...]:
     return (
         n.node, n.status, n.health, n.parent, n.slots, n.slots_used, n.allocs, n.reason,
         n.since_position, n.last_heartbeat_at, n.last_heartbeat_position,
-        _json_list(n.lost_allocs), n.registered_position,
+        _json_list(n.lost_allocs), n.registered_position, n.health_reason,
     )
 
 
 def node_from(row: Any) -> Node:
     (node, status, health, parent, slots, slots_used, allocs, reason, since_position,
-     heartbeat_at, heartbeat_position, lost_allocs, registered_position) = row
+     heartbeat_at, heartbeat_position, lost_allocs, registered_position, health_reason) = row
     return Node(
         node=node, slots=slots, parent=parent, status=status, health=health, reason=reason,
         since_position=since_position, last_heartbeat_at=heartbeat_at,
         last_heartbeat_position=heartbeat_position, slots_used=slots_used, allocs=allocs,
         lost_allocs=json.loads(lost_allocs), registered_position=registered_position,
+        health_reason=health_reason,
     )
 
 

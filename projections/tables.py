@@ -6,6 +6,8 @@ so that text order is time order in both databases; lists are JSON text.
 
 from __future__ import annotations
 
+from typing import Any
+
 TABLES = ("nodes", "slots", "allocations", "alloc_states", "addresses", "rejections")
 VIEWS = ("needs_reconnect", "zombie_slots")
 LIVE = "('pending','running','unknown')"
@@ -29,7 +31,8 @@ def create_statements(prefix: str = "") -> list[str]:
             last_heartbeat_at TEXT,
             last_heartbeat_position BIGINT,
             lost_allocs TEXT NOT NULL,
-            registered_position BIGINT NOT NULL)""",
+            registered_position BIGINT NOT NULL,
+            health_reason TEXT)""",
         f"CREATE INDEX IF NOT EXISTS {p}nodes_parent ON {p}nodes (parent)",
         f"""CREATE TABLE IF NOT EXISTS {p}slots (
             node TEXT NOT NULL,
@@ -94,7 +97,8 @@ def create_statements(prefix: str = "") -> list[str]:
                     CASE
                         WHEN a.alloc IS NULL THEN 'unknown-alloc'
                         WHEN a.removed = 1 OR a.client_status IN {TERMINAL} THEN 'released'
-                        WHEN d.n > 1 AND NOT (a.node = s.node AND a.slot = s.slot)
+                        WHEN d.n > 1
+                            AND NOT (a.node = s.node AND a.slot IS NOT NULL AND a.slot = s.slot)
                             THEN 'duplicate'
                         WHEN a.node <> s.node OR a.slot IS NULL OR a.slot <> s.slot
                             THEN 'moved'
@@ -131,6 +135,37 @@ def create(cursor: object, dialect: str, prefix: str = "", indexes: bool = True)
             if cursor.fetchone() is not None:  # type: ignore[attr-defined]
                 continue
         cursor.execute(statement)  # type: ignore[attr-defined]
+
+
+# What a store made by an earlier version lacks; creating its tables and
+# views again leaves the ones there as they are. ``nodes.health_reason``:
+# rules 3. ``zombie_slots``: an allocation placed without a slot, reported on
+# two slots, is a duplicate (it was called moved).
+ADDED_COLUMNS = {"nodes": [("health_reason", "TEXT")]}
+CHANGED_VIEWS = ("zombie_slots",)
+
+
+def upgrade(cursor: Any, dialect: str, prefix: str = "") -> None:
+    """Bring the tables and views of a prefix to this version's shape (a
+    PostgreSQL view is replaced in place, keeping what was granted on it)."""
+    for table, columns in ADDED_COLUMNS.items():
+        for column, kind in columns:
+            if dialect == "sqlite":
+                cursor.execute(
+                    f"SELECT 1 FROM pragma_table_info('{prefix}{table}') WHERE name = ?", (column,))
+                if cursor.fetchone() is None:
+                    cursor.execute(f"ALTER TABLE {prefix}{table} ADD COLUMN {column} {kind}")
+            else:
+                cursor.execute(
+                    f"ALTER TABLE {prefix}{table} ADD COLUMN IF NOT EXISTS {column} {kind}")
+    for view in CHANGED_VIEWS:
+        statement = next(s for s in create_statements(prefix)
+                         if s.startswith(f"CREATE VIEW {prefix}{view} "))
+        if dialect == "sqlite":
+            cursor.execute(f"DROP VIEW IF EXISTS {prefix}{view}")
+            cursor.execute(statement)
+        else:
+            cursor.execute(statement.replace("CREATE VIEW", "CREATE OR REPLACE VIEW", 1))
 
 
 def create_indexes(cursor: object, prefix: str = "") -> None:

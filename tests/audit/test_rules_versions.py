@@ -15,6 +15,7 @@ from audit_support import StoreUnderTest, one_line_error, run
 
 from ledger.application import Ledger
 from ledger.model import RULES
+from projections import tables
 
 RULES_1 = [  # where rules 1 and 2 part: a node back under a parent that is down
     {"type": "node-registered", "node": "host", "slots": 1},
@@ -111,3 +112,95 @@ def test_a_kept_event_of_newer_rules_is_refused_by_every_replay(
             f"Error: the kept event at position 1 was decided by rules {RULES + 1}, newer than "
             f"this alloc-ledger's ({RULES}): upgrade alloc-ledger to apply it"
         ), command
+
+
+RULES_2 = [  # where rules 2 and 3 part: a node's reason while suspect and down
+    {"type": "node-registered", "node": "n1", "slots": 1},
+    {"type": "heartbeat", "node": "n1"},
+    {"type": "node-suspected", "node": "n1", "reason": "flaky disk"},
+    {"type": "node-down", "node": "n1", "reason": "instance gone"},
+    {"type": "heartbeat", "node": "n1"},  # rules 2: suspect, for the reason it went down
+]
+
+
+def test_a_log_kept_under_rules_2_keeps_its_reasons_and_new_suspicions_follow_rules_3(
+    under_test: StoreUnderTest,
+) -> None:
+    assert kept(under_test, RULES_2, rules=2) == ["appended"] * len(RULES_2)
+    n1 = one(under_test, "suspects")[0]
+    assert (n1["health"], n1["reason"]) == ("suspect", "instance gone")  # as rules 2 kept it
+
+    assert kept(under_test, [
+        {"type": "node-down", "node": "n1", "reason": "instance gone again"},
+        {"type": "heartbeat", "node": "n1"},  # the suspicion was kept under rules 2: no reason for it
+        {"type": "node-suspected", "node": "n1", "reason": "bad memory"},
+        {"type": "node-down", "node": "n1", "reason": "recycled"},
+        {"type": "heartbeat", "node": "n1"},
+    ], rules=RULES) == ["appended"] * 5
+
+    n1 = one(under_test, "suspects")[0]
+    assert (n1["status"], n1["health"], n1["reason"]) == ("ready", "suspect", "bad memory")
+    replayed = run("replay", "--format", "json", url=under_test.url)
+    assert replayed.returncode == 0, replayed.stderr
+    assert json.loads(replayed.stdout)["differences"] == []
+    at_5 = one(under_test, "suspects", "--as-of", "5")[0]
+    at_7 = one(under_test, "suspects", "--as-of", "7")[0]
+    assert (at_5["reason"], at_7["reason"]) == ("instance gone", "instance gone again")
+
+
+def made_by_the_last_version(target: StoreUnderTest) -> None:
+    """Turn a store back into what the version before this one made: no
+    ``nodes.health_reason``, the old ``zombie_slots``, the old schema mark."""
+    old_view = next(
+        s for s in tables.create_statements() if s.startswith("CREATE VIEW zombie_slots ")
+    ).replace("a.slot IS NOT NULL AND ", "")
+    prefixes = [""] if target.dialect == "sqlite" else ["", "state_"]
+    for prefix in prefixes:
+        target.sql(f"DROP VIEW {prefix}zombie_slots")
+        target.sql(old_view.replace("zombie_slots", f"{prefix}zombie_slots", 1)
+                   .replace(" slots s", f" {prefix}slots s")
+                   .replace(" allocations a", f" {prefix}allocations a")
+                   .replace("FROM slots", f"FROM {prefix}slots"))
+        target.sql(f"ALTER TABLE {prefix}nodes DROP COLUMN health_reason")
+    if target.dialect == "sqlite":
+        target.sql("PRAGMA user_version = 1")
+    else:
+        target.sql("COMMENT ON TABLE event_hashes IS 'alloc-ledger schema 3'")
+        target.sql("GRANT SELECT ON zombie_slots TO PUBLIC")
+
+
+def test_a_store_of_the_last_version_is_upgraded_when_opened_and_replays_alike(
+    under_test: StoreUnderTest,
+) -> None:
+    assert kept(under_test, RULES_2 + [
+        {"type": "alloc-placed", "alloc": "a1", "node": "n1"},
+        {"type": "heartbeat", "node": "n1", "slots": [{"slot": 0, "alloc": "a1"}]},
+    ], rules=2)[-2:] == ["rejected", "appended"]  # n1 is suspect: a1 is refused
+    made_by_the_last_version(under_test)
+    assert one(under_test, "zombie-slots")[0]["reason"] == "unknown-alloc"
+
+    assert kept(under_test, [
+        {"type": "node-registered", "node": "n2", "slots": 2},
+        {"type": "heartbeat", "node": "n2"},
+        {"type": "alloc-placed", "alloc": "a2", "node": "n2"},
+        {"type": "heartbeat", "node": "n2",
+         "slots": [{"slot": 0, "alloc": "a2"}, {"slot": 1, "alloc": "a2"}]},
+        {"type": "node-registered", "node": "n3"},
+        {"type": "heartbeat", "node": "n3"},
+        {"type": "node-suspected", "node": "n3", "reason": "flaky disk"},
+        {"type": "node-down", "node": "n3", "reason": "instance gone"},
+        {"type": "heartbeat", "node": "n3"},
+    ], rules=RULES) == ["appended"] * 9
+
+    assert [z["reason"] for z in one(under_test, "zombie-slots") if z["node"] == "n2"] == [
+        "duplicate", "duplicate"]
+    assert [(s["node"], s["reason"]) for s in one(under_test, "suspects")] == [
+        ("n1", "instance gone"), ("n3", "flaky disk")]
+    replayed = run("replay", "--format", "json", url=under_test.url)
+    assert replayed.returncode == 0, replayed.stderr
+    assert json.loads(replayed.stdout)["differences"] == []
+    if under_test.dialect == "sqlite":
+        assert under_test.sql("PRAGMA user_version") == [(2,)]
+    else:
+        assert under_test.sql(
+            "SELECT has_table_privilege('public', 'zombie_slots', 'SELECT')") == [(True,)]

@@ -28,7 +28,7 @@ from commands.cli import cli
 from commands.stories import all_events
 from ledger.application import Ledger
 from ledger.events import EVENT_TYPES
-from ledger.sqlite_store import sqlite_missing
+from ledger.sqlite_store import SCHEMA_VERSION, sqlite_missing
 from projections.queries import COLUMNS
 
 FORMATS = ("table", "json", "jsonl", "csv")
@@ -498,7 +498,7 @@ def test_a_store_of_a_newer_schema_is_refused_untouched(tmp_path):
     result = invoke(store(url, "query", "nodes"), code=3)
     one_line_store_error(
         result, f"cannot open store {url}: it was made by a newer alloc-ledger "
-        "(schema version 99, this one knows 1): upgrade"
+        f"(schema version 99, this one knows {SCHEMA_VERSION}): upgrade"
     )
 
 

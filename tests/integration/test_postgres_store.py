@@ -22,6 +22,7 @@ import pytest
 
 from ledger.application import Ledger
 from ledger.errors import StoreUnavailable
+from ledger.postgres_store import SCHEMA_VERSION
 from ledger.store import open_store
 from scripts.simulate import generate
 
@@ -373,6 +374,18 @@ def test_reading_a_schema_without_a_ledger_is_exit_3_and_creates_nothing(
     fails_to_open(option(pg_dsn, f"schema={empty}"),
                   f"there is no ledger in schema {empty} (nothing has been submitted to it")
     assert pg_admin(f"SELECT 1 FROM pg_namespace WHERE nspname = '{empty}'") == []
+
+
+def test_a_schema_of_a_newer_version_is_refused_untouched(pg_url, pg_schema, pg_admin, fails_to_open):
+    story(pg_url)
+    pg_admin(f"COMMENT ON TABLE {pg_schema}.event_hashes IS 'alloc-ledger schema 99'")
+
+    fails_to_open(pg_url, "it was made by a newer alloc-ledger (schema version 99, this one "
+                  f"knows {SCHEMA_VERSION}): upgrade")
+    with pytest.raises(StoreUnavailable, match="newer alloc-ledger"):
+        Ledger.open(pg_url)  # nor does a writer change it
+    assert pg_admin(f"SELECT obj_description('{pg_schema}.event_hashes'::regclass)") == [
+        ("alloc-ledger schema 99",)]
 
 
 def test_a_dropped_connection_mid_stream_leaves_nothing_half_written(

@@ -207,3 +207,24 @@ def test_a_role_that_may_not_add_the_ids_guards_opens_the_store_without_them(
 
     open_store(ledger_url, create=False).close()
     assert pg_admin(guards) == [(2,)]
+
+
+def test_a_role_that_may_not_upgrade_a_store_of_the_last_version_is_told_who_may(
+    granted, ledger_url, pg_dsn, pg_schema, pg_admin, alloc_ledger, as_role
+):
+    pg_admin(f"COMMENT ON TABLE {pg_schema}.event_hashes IS 'alloc-ledger schema 3'")
+    pg_admin(f"ALTER TABLE {pg_schema}.nodes DROP COLUMN health_reason")
+    parts = urlsplit(pg_dsn)
+    as_reporter = f"postgresql://{granted}@{parts.hostname}:{parts.port or 5432}{parts.path}"
+
+    refused = alloc_ledger("query", "nodes", url=f"{as_reporter}?schema={pg_schema}")
+    assert refused.returncode == 3
+    assert refused.stderr.startswith(
+        f"Error: cannot open store {as_reporter}?schema={pg_schema}: it was made by an earlier "
+        "alloc-ledger (schema version 3): open it once as a role that may change its tables "
+        "(their owner) to upgrade it ("
+    ), refused.stderr
+    assert refused.stderr.count("\n") == 1
+
+    assert alloc_ledger("query", "nodes", url=ledger_url).returncode == 0  # the owner upgrades it
+    assert as_role("SELECT node, health_reason FROM nodes") == [("n1", None)]

@@ -185,6 +185,23 @@ def test_a_slot_report_is_kept_beside_the_ledgers_own_slot_table(cluster):
     assert cluster.slot_state("n1", 1) == ("free", None)
 
 
+@pytest.mark.parametrize(("slot", "reasons"), [
+    (None, ["duplicate", "duplicate"]),  # placed without a slot: on neither
+    (0, [None, "duplicate"]),  # where it is placed it is no zombie
+])
+def test_an_allocation_reported_on_two_slots_of_its_node_is_a_duplicate(cluster, slot, reasons):
+    cluster.ready_node("n1", slots=3)
+    cluster.place("a1", "n1", slot=slot)
+
+    position = cluster.happens(
+        "heartbeat", node="n1", slots=[{"slot": 0, "alloc": "a1"}, {"slot": 1, "alloc": "a1"}]
+    )
+
+    zombies = {row["slot"]: row for row in cluster.rows("SELECT * FROM zombie_slots")}
+    assert [zombies[s]["reason"] if s in zombies else None for s in (0, 1)] == reasons
+    assert {row["position"] for row in zombies.values()} == {position}
+
+
 def test_a_slot_report_replaces_the_last_reported_table(cluster):
     cluster.ready_node("n1", slots=3)
     cluster.happens(
@@ -676,6 +693,53 @@ def test_a_passed_health_check_makes_a_suspect_node_healthy_again(cluster):
     assert (node["health"], node["status"], node["reason"]) == ("ok", "ready", None)
     cluster.place("a1", "n1", slot=0)
     assert cluster.slot_state("n1", 0) == ("allocated", "a1")
+
+
+def test_a_down_node_suspected_and_cleared_keeps_the_reason_it_went_down(cluster):
+    cluster.ready_node("n1")
+    cluster.happens("node-down", node="n1", reason="instance gone")
+
+    suspected = cluster.happens("node-suspected", node="n1", reason="flaky disk")
+    node = cluster.node("n1")
+    assert (node["status"], node["health"], node["reason"], node["health_reason"]) == (
+        "down", "suspect", "instance gone", "flaky disk"
+    )
+    assert node["since_position"] == suspected
+
+    cluster.happens("health-checked", node="n1", passed=True)
+    node = cluster.node("n1")
+    assert (node["status"], node["health"], node["reason"], node["health_reason"]) == (
+        "down", "ok", "instance gone", None
+    )
+
+
+@pytest.mark.parametrize("down", [
+    ("node-down", {"reason": "instance gone"}),
+    ("health-checked", {"passed": False}),
+    ("heartbeat-missed", {}),
+])
+def test_a_suspect_node_back_from_down_shows_its_suspicion_again(cluster, down):
+    cluster.ready_node("n1")
+    cluster.happens("node-suspected", node="n1", reason="flaky disk")
+    kind, fields = down
+    cluster.happens(kind, node="n1", **fields)
+    assert cluster.node("n1")["status"] == "down"
+
+    cluster.happens("heartbeat", node="n1")
+
+    node = cluster.node("n1")
+    assert (node["status"], node["health"], node["reason"]) == ("ready", "suspect", "flaky disk")
+
+
+def test_a_suspect_node_that_is_suspected_again_shows_the_latest_suspicion(cluster):
+    cluster.ready_node("n1")
+    cluster.happens("node-suspected", node="n1", reason="flaky disk")
+    cluster.happens("node-down", node="n1", reason="instance gone")
+    cluster.happens("node-suspected", node="n1", reason="bad memory")
+
+    cluster.happens("heartbeat", node="n1")
+
+    assert cluster.node("n1")["reason"] == "bad memory"
 
 
 def test_a_failed_health_check_recycles_the_node_like_node_down(cluster):
