@@ -261,7 +261,7 @@ class Auditor:
             self.node_state[node.node] = (node.status, node.health)
             if node.health == "suspect" and health != "suspect":
                 self._begin("suspects", node.node, Episode(
-                    {"node": node.node, "reason": node.reason},
+                    {"node": node.node, "reason": node.health_reason or node.reason},
                     "suspect", "cleared", position, at,
                 ))
             elif node.health != "suspect" and health == "suspect":

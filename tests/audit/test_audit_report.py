@@ -176,3 +176,21 @@ def test_every_audit_command_has_help() -> None:
         assert command.help
         assert all(option.help for option in command.params if hasattr(option, "help")
                    and option.name != "help")
+
+
+def test_a_suspicion_of_a_node_that_is_down_is_told_with_its_own_reason(
+    under_test: StoreUnderTest,
+) -> None:
+    with Ledger.open(under_test.url) as ledger:
+        for event in (
+            {"type": "node-registered", "node": "n1"},
+            {"type": "heartbeat", "node": "n1"},
+            {"type": "node-down", "node": "n1", "reason": "instance gone"},
+            {"type": "node-suspected", "node": "n1", "reason": "flaky disk"},
+        ):
+            assert ledger.submit(event).status == "appended"
+
+    report = audited(under_test)
+
+    assert [(s["node"], s["reason"]) for s in report["suspects"]] == [("n1", "flaky disk")]
+    assert [(d["node"], d["reason"]) for d in report["downs"]] == [("n1", "instance gone")]
