@@ -372,6 +372,7 @@ class Cluster:
             self._take_down(node, "missed heartbeat", fact)
             return
         self._set_status(node, "disconnected", fact)
+        lost = []
         for alloc in live:
             if alloc.needs_reconnect:
                 continue
@@ -379,6 +380,9 @@ class Cluster:
                 self._mark_unknown(alloc, fact)
             else:
                 self._lose(alloc, fact)
+                lost.append(alloc.alloc)
+        if fact.rules >= 3:  # what it took with it since it was last ready (rules 3)
+            node.lost_allocs = sorted(node.lost_allocs + lost)
 
     def mark_down(self, event: Event, fact: Fact) -> None:
         node = self.check_node_exists(event["node"])
@@ -530,7 +534,10 @@ class Cluster:
         node.status = status
         node.reason = reason
         node.since_position = fact.position
-        node.lost_allocs = lost if status == "down" or lost else node.lost_allocs
+        if fact.rules >= 3:  # since it was last ready: a disconnect's losses too
+            node.lost_allocs = sorted(node.lost_allocs + lost)
+        else:
+            node.lost_allocs = lost if status == "down" or lost else node.lost_allocs
         self._changed_node(node)
         why = f"parent {node.node} {'went down' if status == 'down' else 'was removed'}"
         self._cascade(node, why, fact)

@@ -26,7 +26,9 @@ DESIRED_ORDER = {"run": 0, "stop": 1, "remove": 2}
 # it is down while it is down, and why it is suspect otherwise: a suspicion
 # of a down node keeps the reason it went down, and a node back from down
 # that is still suspect shows its suspicion's reason again
-# (``health_reason``, kept from rules 3 on).
+# (``health_reason``, kept from rules 3 on); a node's ``lost_allocs`` are
+# all it lost since it was last ready, at a disconnect too, not only when
+# it went down.
 RULES = 3
 
 

@@ -204,3 +204,32 @@ def test_a_store_of_the_last_version_is_upgraded_when_opened_and_replays_alike(
     else:
         assert under_test.sql(
             "SELECT has_table_privilege('public', 'zombie_slots', 'SELECT')") == [(True,)]
+
+
+LOSSES = [
+    {"type": "node-registered", "node": "n1", "slots": 2},
+    {"type": "heartbeat", "node": "n1"},
+    {"type": "alloc-placed", "alloc": "a1", "node": "n1", "slot": 0, "max_disconnect": 60},
+    {"type": "alloc-updated", "alloc": "a1", "client_status": "running"},
+    {"type": "alloc-placed", "alloc": "a2", "node": "n1", "slot": 1},
+    {"type": "heartbeat-missed", "node": "n1"},  # a2 lost, a1 unknown
+    {"type": "node-down", "node": "n1"},  # a1 lost
+]
+
+
+def test_what_a_node_took_with_it_is_what_its_rules_kept(under_test: StoreUnderTest) -> None:
+    assert kept(under_test, LOSSES, rules=2) == ["appended"] * len(LOSSES)
+    assert one(under_test, "suspects")[0]["lost_allocs"] == ["a1"]  # rules 2: the down's only
+
+    assert kept(under_test, [
+        {"type": "heartbeat", "node": "n1"},
+        {"type": "alloc-placed", "alloc": "a3", "node": "n1", "slot": 0, "max_disconnect": 60},
+        {"type": "alloc-updated", "alloc": "a3", "client_status": "running"},
+        {"type": "alloc-placed", "alloc": "a4", "node": "n1", "slot": 1},
+        *LOSSES[-2:],
+    ], rules=RULES) == ["appended"] * 6
+
+    assert one(under_test, "suspects")[0]["lost_allocs"] == ["a3", "a4"]
+    replayed = run("replay", "--format", "json", url=under_test.url)
+    assert replayed.returncode == 0, replayed.stderr
+    assert json.loads(replayed.stdout)["differences"] == []

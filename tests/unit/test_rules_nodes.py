@@ -385,6 +385,21 @@ def test_a_terminal_allocation_with_max_disconnect_does_not_keep_the_node(cluste
     assert cluster.states("a1") == []
 
 
+def test_a_node_down_after_a_disconnect_took_with_it_what_it_lost_at_the_disconnect(cluster):
+    cluster.ready_node("n1", slots=2)
+    cluster.running("a1", "n1", slot=0, max_disconnect=60)
+    cluster.running("a2", "n1", slot=1)
+
+    cluster.happens("heartbeat-missed", node="n1")
+    assert json.loads(cluster.node("n1")["lost_allocs"]) == ["a2"]
+    cluster.happens("node-down", node="n1", reason="max disconnect expired")
+
+    node = cluster.node("n1")
+    assert (node["status"], json.loads(node["lost_allocs"])) == ("down", ["a1", "a2"])
+    cluster.happens("heartbeat", node="n1")
+    assert json.loads(cluster.node("n1")["lost_allocs"]) == []  # ready again: nothing lost since
+
+
 def test_a_missed_heartbeat_takes_down_a_node_whose_allocations_cannot_wait(cluster):
     cluster.ready_node("n1", slots=1)
     cluster.running("a1", "n1", slot=0, addresses=["10.0.0.5"])
