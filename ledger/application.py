@@ -151,12 +151,14 @@ class Ledger:
         it was decided after (another writer appended since, or the batch
         before it was decided again or dropped): its receipts are then those
         of the new decision. The position alone would not tell: a batch
-        decided again may end at the same position over other events."""
+        decided again may end at the same position over other events. Either
+        way the projections do not follow: the caller locked the log without
+        the tracking row."""
         with self._deciding:
             head = self.store.head(cursor)
             if head != decided.after or not self._kept_hash_is(cursor, head, decided.base):
-                self.forget()
-                return self._decide(cursor, decided.batch)
+                self.forget()  # decided again: still ahead, so not projected inline
+                return self._decide(cursor, decided.batch, inline=False)
         # What it writes was decided and is not changed by what is decided
         # meanwhile (the next batch, ahead of this one's commit).
         self._write(cursor, decided, inline=False)

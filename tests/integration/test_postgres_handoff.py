@@ -191,6 +191,31 @@ def test_a_round_decided_ahead_is_decided_again_when_another_writer_appended(pg_
     assert tables(pg_url).head() == 4
 
 
+def test_a_round_decided_ahead_and_again_is_not_projected_by_an_inline_leader(pg_url, tables):
+    """A round decided ahead holds the log's lock without the tracking row's:
+    decided again, it leaves the projections to whoever holds that row, even
+    when the leader's own batches would have them inline."""
+    _register_with_slots(pg_url)
+    with Ledger.open(pg_url + COMBINE + "&projections=inline") as leader:
+        store: Any = leader.store
+        with store.connect(idle=60) as one, store.connect(idle=60) as other:
+            with store.combining(one) as cursor:
+                store.lock_log(cursor)
+                leader.decide(cursor, [{"type": "heartbeat", "node": "n1"}])
+                projected = store.tracked(cursor)
+            with store.combining(other) as cursor:
+                decided = leader.decide_ahead(cursor, [_place("a2")])
+                assert decided is not None
+                with Ledger.open(pg_url) as rival:  # appends; its projections are not inline
+                    assert rival.submit(_place("a1")).status == "appended"
+                store.lock_log(cursor, tracking=False)  # as a round decided ahead locks
+                receipts = leader.write_ahead(cursor, decided)
+                assert store.tracked(cursor) == projected
+
+    assert receipts[0].status == "rejected" and receipts[0].position == 4
+    assert tables(pg_url).head() == 4
+
+
 def test_a_round_whose_commit_fails_goes_back_and_another_leader_decides_it(pg_url, tables):
     pg_url += COMBINE
     _register(pg_url, "n1")
