@@ -298,7 +298,6 @@ class SQLiteStore:
         )
         return cursor.fetchone()[0] or 0
 
-
     def hash_at(self, cursor: Any, position: int) -> str | None:
         cursor.execute("SELECT hash FROM event_hashes WHERE position = ?", (position,))
         row = cursor.fetchone()
