@@ -99,6 +99,7 @@ class Run:
     stderr: str
     rss_mb: float
     timed_out: bool = False
+    cpu_seconds: float = 0.0  # user + system time of that child
 
     def last_line(self) -> str:
         lines = [line for line in self.stdout.splitlines() if line.strip()]
@@ -134,7 +135,7 @@ def run(argv: list[str], workdir: Path, timeout: float | None = None) -> Run:
         argv, seconds, process.returncode,
         out_path.read_text(encoding="utf-8", errors="replace"),
         err_path.read_text(encoding="utf-8", errors="replace"),
-        usage.ru_maxrss / 1024.0, expired.is_set(),
+        usage.ru_maxrss / 1024.0, expired.is_set(), usage.ru_utime + usage.ru_stime,
     )
 
 
@@ -294,6 +295,7 @@ class Bench:
             "counts": counts, "lag_after": lag, "submit_exit": submitted.returncode,
             "submit_rss_mb": submitted.rss_mb, "project_rss_mb": projected.rss_mb,
             "raw_journal_mode": journal, "floor_events_per_second": floor,
+            "submit_cpu_seconds": submitted.cpu_seconds,
         }
         self.report.add(
             section, f"ingest: submit FILE + project, {self.events:,} events",
@@ -311,12 +313,29 @@ class Bench:
             section, "  storage floor: log row + id + hash + node heartbeat rows",
             fmt_rate(floor), "(executemany into the ledger's own tables)", f"{floor / raw:.3f}",
         )
+        self.ingest_cpu(section, submitted, raw)
         invalid = counts.get("invalid", 0)
         self.report.add(
             section, "  outcome: appended/duplicate/rejected/invalid; lag",
             f"{counts.get('appended', 0):,}/{counts.get('duplicate', 0):,}/"
             f"{counts.get('rejected', 0):,}/{invalid:,}; lag {lag}",
             goal="invalid 0, lag 0", result=verdict(invalid == 0 and lag == 0),
+        )
+
+    def ingest_cpu(self, section: str, submitted: Run, raw: float) -> None:
+        """The submit's CPU per event next to the CPU the goal's rate leaves
+        per event on this machine's CPUs: whether any overlap of its threads
+        could reach the goal."""
+        cpus = len(os.sched_getaffinity(0))
+        per_event = submitted.cpu_seconds / self.events * 1e6
+        budget = cpus / (GOAL_INGEST_RATIO * raw) * 1e6
+        busy = submitted.cpu_seconds / submitted.seconds
+        self.figures["ingest"].update(
+            cpu_us_per_event=per_event, cpu_budget_us_per_event=budget, cpus_busy=busy)
+        self.report.add(
+            section, "  submit's CPU (user + system) per event; CPUs busy",
+            f"{per_event:.1f} us; {busy:.2f} of {cpus} CPUs",
+            f"goal's rate leaves {budget:.1f} us on {cpus} CPUs", f"{per_event / budget:.2f}x",
         )
 
     def _summary(self, done: Run) -> dict[str, int] | None:
