@@ -402,7 +402,8 @@ class Cluster:
         if event["passed"]:
             if node.health != "ok":
                 node.health = "ok"
-                node.health_reason = None
+                if fact.rules >= 3:  # rules 2 kept no health_reason to clear
+                    node.health_reason = None
                 node.since_position = fact.position
                 if node.status != "down":
                     node.reason = None
@@ -509,7 +510,7 @@ class Cluster:
             node.lost_allocs = []
             if node.health == "ok":
                 node.reason = None
-            elif node.health_reason is not None:  # back from down, still suspect (rules 3)
+            elif fact.rules >= 3 and node.health_reason is not None:  # back, still suspect
                 node.reason = node.health_reason
         self._changed_node(node)
 

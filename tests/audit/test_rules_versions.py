@@ -233,3 +233,29 @@ def test_what_a_node_took_with_it_is_what_its_rules_kept(under_test: StoreUnderT
     replayed = run("replay", "--format", "json", url=under_test.url)
     assert replayed.returncode == 0, replayed.stderr
     assert json.loads(replayed.stdout)["differences"] == []
+
+
+def test_events_of_rules_2_after_rules_3_follow_rules_2(under_test: StoreUnderTest) -> None:
+    """An earlier release still writing beside this one: its events keep its
+    rules, even about what a rules-3 event recorded before them."""
+    assert kept(under_test, [
+        {"type": "node-registered", "node": "n1"},
+        {"type": "heartbeat", "node": "n1"},
+        {"type": "node-suspected", "node": "n1", "reason": "flaky disk"},
+        {"type": "node-registered", "node": "n2"},
+        {"type": "heartbeat", "node": "n2"},
+        {"type": "node-suspected", "node": "n2", "reason": "bad memory"},
+    ], rules=RULES) == ["appended"] * 6
+    assert kept(under_test, [
+        {"type": "node-down", "node": "n1", "reason": "instance gone"},
+        {"type": "heartbeat", "node": "n1"},  # rules 2: suspect, for the reason it went down
+        {"type": "health-checked", "node": "n2", "passed": True},  # rules 2 kept no health_reason
+    ], rules=2) == ["appended"] * 3
+
+    n1 = one(under_test, "suspects")[0]
+    assert (n1["node"], n1["status"], n1["reason"]) == ("n1", "ready", "instance gone")
+    assert under_test.sql("SELECT node, health, health_reason FROM nodes ORDER BY node") == [
+        ("n1", "suspect", "flaky disk"), ("n2", "ok", "bad memory")]  # as rules 2 left them
+    replayed = run("replay", "--format", "json", url=under_test.url)
+    assert replayed.returncode == 0, replayed.stderr
+    assert json.loads(replayed.stdout)["differences"] == []
