@@ -127,6 +127,12 @@ def describe(error: BaseException) -> str:
     return lines[0] if lines else type(cause).__name__
 
 
+def _denied(error: BaseException) -> bool:
+    """Whether the server refused a privilege (the event recorder wraps its errors)."""
+    cause = error.__cause__ if isinstance(error, PersistenceError) else error
+    return isinstance(cause, psycopg.errors.InsufficientPrivilege)
+
+
 class PostgresStore:
     dialect = "postgresql"
     param = "%s"
@@ -257,15 +263,13 @@ class PostgresStore:
                         self._create_schema(connection, extra)
                 finally:
                     connection.execute("SELECT pg_advisory_unlock(%s)", (key,))
-            except psycopg.errors.InsufficientPrivilege as error:
-                if not version:
-                    self._fail(describe(error))
-                self._fail(
-                    f"it was made by an earlier alloc-ledger (schema version {version}): "
-                    "open it once as a role that may change its tables (their owner) to "
-                    f"upgrade it ({describe(error)})"
-                )
             except (psycopg.Error, PersistenceError) as error:
+                if version and _denied(error):
+                    self._fail(
+                        f"it was made by an earlier alloc-ledger (schema version {version}): "
+                        "open it once as a role that may change its tables (their owner) to "
+                        f"upgrade it ({describe(error)})"
+                    )
                 self._fail(describe(error))
 
     def _creation_key(self) -> int:

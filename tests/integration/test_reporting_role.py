@@ -209,9 +209,15 @@ def test_a_role_that_may_not_add_the_ids_guards_opens_the_store_without_them(
     assert pg_admin(guards) == [(2,)]
 
 
+@pytest.mark.parametrize("creates_schemas", [False, True], ids=["reader", "may-create-schemas"])
 def test_a_role_that_may_not_upgrade_a_store_of_the_last_version_is_told_who_may(
-    granted, ledger_url, pg_dsn, pg_schema, pg_admin, alloc_ledger, as_role
+    granted, ledger_url, pg_dsn, pg_schema, pg_admin, alloc_ledger, as_role, creates_schemas
 ):
+    """Refused at ``CREATE SCHEMA`` or, for a role that may create schemas
+    in the database but not tables in this one, by the event recorder."""
+    if creates_schemas:
+        database = urlsplit(pg_dsn).path.lstrip("/")
+        pg_admin(f"GRANT CREATE ON DATABASE {database} TO {granted}")
     pg_admin(f"COMMENT ON TABLE {pg_schema}.event_hashes IS 'alloc-ledger schema 3'")
     pg_admin(f"ALTER TABLE {pg_schema}.nodes DROP COLUMN health_reason")
     parts = urlsplit(pg_dsn)
