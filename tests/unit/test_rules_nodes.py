@@ -620,6 +620,21 @@ def test_a_removed_node_loses_its_allocations(cluster):
     assert cluster.holder("10.0.0.5") is None
 
 
+@pytest.mark.parametrize("down_first, reason", [(False, None), (True, "instance gone")])
+def test_a_removed_node_keeps_only_the_reason_it_went_down(cluster, down_first, reason):
+    cluster.ready_node("n1")
+    cluster.happens("node-suspected", node="n1", reason="flaky disk")
+    if down_first:
+        cluster.happens("node-down", node="n1", reason="instance gone")
+
+    cluster.happens("node-removed", node="n1")
+
+    node = cluster.node("n1")
+    assert (node["status"], node["health"], node["reason"], node["health_reason"]) == (
+        "removed", "suspect", reason, "flaky disk"
+    )
+
+
 def test_removing_a_node_takes_its_children_and_grandchildren_down(cluster):
     """The SPEC says "same cascade as node-down": descendants go down, not removed."""
     family(cluster)
