@@ -11,8 +11,12 @@ log, and the hash chain holds.
 from __future__ import annotations
 
 import multiprocessing
+import re
+import sqlite3
 from collections import defaultdict
 from typing import Any
+
+import pytest
 
 from ledger.application import Ledger
 from ledger.chain import verify
@@ -167,6 +171,47 @@ def test_a_writer_that_has_loaded_nothing_decides_a_batch_against_what_another_p
          "address 10.0.0.5 is still held by allocation a1, which has not shut down"),
         ("appended", 6, None),
     ]
+
+
+def test_a_sqlite_writer_looks_up_what_a_batch_places_in_one_query_a_table(
+    tmp_path: Any, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The batch above, on SQLite, with every statement traced: the
+    allocations and addresses it places are read in one query each, none of
+    them one at a time."""
+    url = f"sqlite:///{tmp_path}/ledger.db"
+    with Ledger.open(url) as first:
+        for event in (
+            {"type": "node-registered", "node": "n1", "slots": 2},
+            {"type": "heartbeat", "node": "n1"},
+            {"type": "alloc-placed", "alloc": "a1", "node": "n1", "slot": 0,
+             "addresses": ["10.0.0.5"]},
+        ):
+            assert first.submit(event).status == "appended"
+    traced: list[str] = []
+    connect = sqlite3.connect
+
+    def tracing(*args: Any, **kwargs: Any) -> sqlite3.Connection:
+        connection = connect(*args, **kwargs)
+        connection.set_trace_callback(traced.append)
+        return connection
+
+    monkeypatch.setattr(sqlite3, "connect", tracing)
+    with Ledger.open(url) as second:
+        traced.clear()
+        statuses = [r.status for r in second.submit_batch([
+            {"type": "alloc-placed", "alloc": "a2", "node": "n1", "addresses": ["10.0.0.5"]},
+            {"type": "alloc-placed", "alloc": "a3", "node": "n1", "slot": 1,
+             "addresses": ["10.0.0.6", "10.0.0.7"]},
+            {"type": "alloc-placed", "alloc": "a4", "node": "n1"},
+        ])]
+
+    assert statuses == ["rejected", "appended", "appended"]
+    reads = [" ".join(s.split()) for s in traced if s.lstrip().upper().startswith("SELECT")]
+    by_id = [s for s in reads if re.search(r"FROM allocations WHERE alloc (=|IN)", s)]
+    by_address = [s for s in reads if re.search(r"FROM addresses WHERE address (=|IN)", s)]
+    assert len(by_id) == 1 and "json_each" in by_id[0], by_id
+    assert len(by_address) == 1 and "json_each" in by_address[0], by_address
 
 
 def test_writers_making_one_new_sqlite_store_at_once_all_open_it(tmp_path: Any) -> None:
