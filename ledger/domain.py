@@ -381,8 +381,8 @@ class Cluster:
             else:
                 self._lose(alloc, fact)
                 lost.append(alloc.alloc)
-        if fact.rules >= 3:  # what it took with it since it was last ready (rules 3)
-            node.lost_allocs = sorted(node.lost_allocs + lost)
+        if fact.rules >= 3:
+            self._took(node, lost)
 
     def mark_down(self, event: Event, fact: Fact) -> None:
         node = self.check_node_exists(event["node"])
@@ -535,13 +535,18 @@ class Cluster:
         node.status = status
         node.reason = reason
         node.since_position = fact.position
-        if fact.rules >= 3:  # since it was last ready: a disconnect's losses too
-            node.lost_allocs = sorted(node.lost_allocs + lost)
+        if fact.rules >= 3:  # a disconnect's losses too
+            self._took(node, lost)
         else:
             node.lost_allocs = lost if status == "down" or lost else node.lost_allocs
         self._changed_node(node)
         why = f"parent {node.node} {'went down' if status == 'down' else 'was removed'}"
         self._cascade(node, why, fact)
+
+    @staticmethod
+    def _took(node: Node, lost: list[str]) -> None:
+        """What a node took with it since it was last ready (rules 3)."""
+        node.lost_allocs = sorted(node.lost_allocs + lost)
 
     def _cascade(self, node: Node, why: str, fact: Fact) -> None:
         """Take down every node whose parent chain includes this one."""

@@ -15,6 +15,16 @@ class StoreUnavailable(LedgerError):
     """The store cannot be opened, reached or written."""
 
 
+class MadeByNewer(StoreUnavailable):
+    """A store whose schema a newer alloc-ledger made: this one may not touch it."""
+
+    def __init__(self, url: str, version: int, known: int) -> None:
+        super().__init__(
+            f"cannot open store {url}: it was made by a newer alloc-ledger "
+            f"(schema version {version}, this one knows {known}): upgrade"
+        )
+
+
 class BadOption(LedgerError):
     """A value of a command-line option the ledger cannot use (a time without
     a zone, a position the log does not hold): a usage error of ``option``."""

@@ -36,7 +36,7 @@ from psycopg import sql
 from psycopg.rows import dict_row, tuple_row
 
 from ledger import postgres_writes
-from ledger.errors import LedgerError, StoreUnavailable
+from ledger.errors import LedgerError, MadeByNewer, StoreUnavailable
 from ledger.postgres_handoff import TABLES as HANDOFF_TABLES
 from ledger.postgres_handoff import Handoff
 from ledger.postgres_preload import KNOWN_IDS, Preload, known_ids, named_by, not_cached
@@ -246,10 +246,7 @@ class PostgresStore:
                     self._guard_ids(connection)
                 return
             if version > SCHEMA_VERSION:
-                self._fail(
-                    f"it was made by a newer alloc-ledger (schema version {version}, "
-                    f"this one knows {SCHEMA_VERSION}): upgrade"
-                )
+                raise MadeByNewer(self.shown, version, SCHEMA_VERSION) from None
             if version == 0 and not self.create:
                 self._fail(
                     f"there is no ledger in schema {self.schema} (nothing has been submitted "

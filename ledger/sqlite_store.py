@@ -20,7 +20,7 @@ from eventsourcing.persistence import IntegrityError, PersistenceError, Tracking
 from eventsourcing.sqlite import SQLiteConnectionPool, SQLiteDatastore, SQLiteProcessRecorder
 
 from ledger import sqlite_writes
-from ledger.errors import StoreUnavailable
+from ledger.errors import MadeByNewer, StoreUnavailable
 from ledger.store import (
     LEDGER_STREAM,
     PROJECTIONS,
@@ -198,10 +198,7 @@ class SQLiteStore:
             )
             version, guards = cursor.fetchone()
             if version > SCHEMA_VERSION:
-                raise StoreUnavailable(
-                    f"cannot open store {self.url}: it was made by a newer alloc-ledger "
-                    f"(schema version {version}, this one knows {SCHEMA_VERSION}): upgrade"
-                )
+                raise MadeByNewer(self.url, version, SCHEMA_VERSION)
             if version == 0:
                 self._check_no_other_tables(cursor)
         if version == SCHEMA_VERSION:

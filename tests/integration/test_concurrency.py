@@ -140,18 +140,20 @@ def test_eight_writers_racing_for_the_same_things_get_one_winner_each(
         store.close()
 
 
+PLACED_BY_ANOTHER = [
+    {"type": "node-registered", "node": "n1", "slots": 2},
+    {"type": "heartbeat", "node": "n1"},
+    {"type": "alloc-placed", "alloc": "a1", "node": "n1", "slot": 0, "addresses": ["10.0.0.5"]},
+]
+
+
 def test_a_writer_that_has_loaded_nothing_decides_a_batch_against_what_another_placed(
     store_url,
 ):
     """A writer's caches start empty; what a batch places is looked up in the
     tables at once (one query a table), found or found absent."""
     with Ledger.open(store_url) as first:
-        for event in (
-            {"type": "node-registered", "node": "n1", "slots": 2},
-            {"type": "heartbeat", "node": "n1"},
-            {"type": "alloc-placed", "alloc": "a1", "node": "n1", "slot": 0,
-             "addresses": ["10.0.0.5"]},
-        ):
+        for event in PLACED_BY_ANOTHER:
             assert first.submit(event).status == "appended"
 
     with Ledger.open(store_url) as second:
@@ -181,12 +183,7 @@ def test_a_sqlite_writer_looks_up_what_a_batch_places_in_one_query_a_table(
     them one at a time."""
     url = f"sqlite:///{tmp_path}/ledger.db"
     with Ledger.open(url) as first:
-        for event in (
-            {"type": "node-registered", "node": "n1", "slots": 2},
-            {"type": "heartbeat", "node": "n1"},
-            {"type": "alloc-placed", "alloc": "a1", "node": "n1", "slot": 0,
-             "addresses": ["10.0.0.5"]},
-        ):
+        for event in PLACED_BY_ANOTHER:
             assert first.submit(event).status == "appended"
     traced: list[str] = []
     connect = sqlite3.connect
