@@ -535,7 +535,7 @@ class Cluster:
         node.status = status
         node.reason = reason
         node.since_position = fact.position
-        if fact.rules >= 3:  # a disconnect's losses too
+        if fact.rules >= 3:  # kept with a disconnect's losses
             self._took(node, lost)
         else:
             node.lost_allocs = lost if status == "down" or lost else node.lost_allocs

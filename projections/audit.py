@@ -260,8 +260,9 @@ class Auditor:
             status, health = self.node_state.get(node.node, ("", "ok"))
             self.node_state[node.node] = (node.status, node.health)
             if node.health == "suspect" and health != "suspect":
+                why = node.health_reason if record.rules >= 3 else None  # rules 2 kept none
                 self._begin("suspects", node.node, Episode(
-                    {"node": node.node, "reason": node.health_reason or node.reason},
+                    {"node": node.node, "reason": why or node.reason},
                     "suspect", "cleared", position, at,
                 ))
             elif node.health != "suspect" and health == "suspect":

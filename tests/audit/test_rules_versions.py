@@ -261,3 +261,11 @@ def test_events_of_rules_2_after_rules_3_follow_rules_2(under_test: StoreUnderTe
     replayed = run("replay", "--format", "json", url=under_test.url)
     assert replayed.returncode == 0, replayed.stderr
     assert json.loads(replayed.stdout)["differences"] == []
+
+    assert kept(under_test, [
+        {"type": "node-suspected", "node": "n2", "reason": "bad cable"},
+    ], rules=2) == ["appended"]
+    audited = run("audit", "--format", "json", url=under_test.url)
+    assert audited.returncode == 0, audited.stderr
+    assert [(s["node"], s["reason"]) for s in json.loads(audited.stdout)["suspects"]] == [
+        ("n1", "flaky disk"), ("n2", "bad memory"), ("n2", "bad cable")]  # not the stale one
