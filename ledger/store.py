@@ -183,12 +183,15 @@ def open_store(url: str | None = None, create: bool = True) -> Store:
     if parts.scheme == "sqlite":
         from ledger.sqlite_store import SQLiteStore
 
-        path = url.split("?", 1)[0][len("sqlite://") :]
-        if path.startswith("/") and not path.startswith("//"):
-            path = path[1:]  # sqlite:///relative.db, sqlite:////absolute.db
-        elif path.startswith("//"):
-            path = path[1:]
-        return SQLiteStore(url, path, options, create)
+        # sqlite:///relative.db, sqlite:////absolute.db, sqlite:// (in memory), as
+        # SQLAlchemy reads them; anything else is a typo, not a file name
+        head = url.split("?", 1)[0]
+        if head.lower() != "sqlite://" and head[:10].lower() != "sqlite:///":
+            raise StoreUnavailable(
+                f"cannot open store {url}: a SQLite URL is sqlite:///relative/path.db "
+                "or sqlite:////absolute/path.db (three slashes, then the path)"
+            )
+        return SQLiteStore(url, head[10:], options, create)
     if parts.scheme in ("postgresql", "postgres"):
         from ledger.postgres_store import PostgresStore
 

@@ -648,6 +648,27 @@ def test_an_in_memory_store_is_refused(url):
     )
 
 
+@pytest.mark.parametrize("typed", ["sqlite:/{}", "sqlite:{}", "sqlite://{}", "sqlite:{}/x.db"])
+def test_a_sqlite_url_without_its_three_slashes_is_refused_not_read_as_another_file(
+    tmp_path, monkeypatch, typed
+):
+    """``sqlite:/typo.db`` once made a ledger in ``ypo.db``."""
+    monkeypatch.chdir(tmp_path)
+    url = typed.format("typo.db")
+    result = invoke(["--store", url, "submit", "node-registered", "--node", "n1"], code=3)
+    one_line_store_error(
+        result, f"cannot open store {url}: a SQLite URL is sqlite:///relative/path.db or "
+        "sqlite:////absolute/path.db (three slashes, then the path)"
+    )
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_sqlite_url_scheme_may_be_upper_case(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    invoke(["--store", "SQLite:///ledger.db", "submit", "node-registered", "--node", "n1"])
+    assert [p.name for p in tmp_path.iterdir()] == ["ledger.db"]
+
+
 @pytest.mark.parametrize(("query", "message"), [
     ("timeout=abc", "timeout=abc must be a finite number of seconds above 0"),
     ("timeout=0", "timeout=0 must be a finite number of seconds above 0"),
