@@ -18,7 +18,7 @@ import click
 from commands.cli import store_of
 from ledger.application import Ledger, Receipt
 from ledger.errors import InvalidEvent
-from ledger.events import EVENT_TYPES, from_flags
+from ledger.events import EVENT_TYPES, TYPES_NAMED, fields_of, from_flags
 
 MAX_LINE = 1 << 20  # a longer line is reported invalid without being held in memory
 BATCH = 5000
@@ -26,7 +26,28 @@ TOO_LONG = object()
 READ = 1 << 16  # bytes asked of a pipe at a time
 
 
+def _vocabulary() -> str:
+    """The event types and their flags, from the models (``ledger.events``)."""
+    lines = ["\b", "Event types and their fields ([optional]);",
+             "any event also takes [--id] [--at] [--source]:"]
+    for event_type in EVENT_TYPES:
+        required, optional = fields_of(event_type)
+        flags = [f"--{n}" for n in required] + [f"[--{n}]" for n in optional]
+        lines.append(f"  {event_type:<24}{' '.join(flags).replace('_', '-')}")
+    return "\n".join(lines)
+
+
+class SubmitCommand(click.Command):
+    """``submit``, whose help ends with the event vocabulary (built only when
+    the help is shown: every other run would pay for it)."""
+
+    def format_epilog(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        self.epilog = _vocabulary()
+        super().format_epilog(ctx, formatter)
+
+
 @click.command(
+    cls=SubmitCommand,
     context_settings={"ignore_unknown_options": True, "allow_extra_args": True},
 )
 @click.argument("source", metavar="TYPE|FILE|-")
@@ -56,8 +77,8 @@ def submit(ctx: click.Context, source: str, quiet: bool, batch: int) -> None:
     else:
         if ctx.args:
             raise click.UsageError(
-                f"{source!r} is not an event type; flags ({' '.join(ctx.args)}) follow an "
-                "event type: alloc-ledger submit TYPE --field value"
+                f"{source!r} is not an event type ({TYPES_NAMED}); flags "
+                f"({' '.join(ctx.args)}) follow an event type: alloc-ledger submit TYPE --field value"
             )
         stream = _open(source)
         with Ledger.open(store_of(ctx)) as ledger:

@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 import re
 from functools import cache
-from typing import Annotated, Any, Literal, NotRequired, Union, get_type_hints
+from typing import Annotated, Any, Literal, NotRequired, Union, get_origin, get_type_hints
 
 import orjson
 from pydantic import (
@@ -213,13 +213,15 @@ def describe(error: ValidationError, tagged: bool = True) -> str:
             parts.append(f"missing field '{field}'")
         elif kind == "union_tag_invalid":
             tag = item.get("input", {}).get("type") if isinstance(item.get("input"), dict) else None
-            parts.append(f"unknown type '{tag}'")
+            parts.append(f"unknown type '{tag}' (the types: {TYPES_NAMED})")
         elif kind == "union_tag_not_found":
             parts.append("missing field 'type'")
         elif kind == "string_pattern_mismatch" and "\x00" in str(item.get("input")):
             parts.append(f"field '{field}': must not contain a NUL character")
         elif kind == "string_pattern_mismatch":
             parts.append(f"field '{field}': must not contain '#' (it separates node and slot)")
+        elif kind == "timezone_aware":  # as --as-of and --now say it
+            parts.append(f"field '{field}': needs a time zone (Z or +hh:mm)")
         elif kind in ("model_type", "dict_type", "model_attributes_type") and not field:
             parts.append("an event must be a JSON object")
         else:
@@ -271,6 +273,18 @@ def received(data: str | bytes | dict[str, Any]) -> Event:
     return event if defaults is None else defaults | event
 
 
+TYPES_NAMED = ", ".join(EVENT_TYPES)
+
+
+def fields_of(event_type: str) -> tuple[list[str], list[str]]:
+    """The required and the optional fields of a type, ``type`` and the
+    envelope (``id``, ``at``, ``source``) aside: for help texts."""
+    hints = get_type_hints(EVENT_TYPES[event_type], include_extras=True)
+    own = {n: h for n, h in hints.items() if n not in ("type", *Envelope.__annotations__)}
+    optional = [n for n, hint in own.items() if get_origin(hint) is NotRequired]
+    return [n for n in own if n not in optional], optional
+
+
 def field_types(event_type: str) -> dict[str, Any]:
     """The fields a type accepts (for building an event from CLI flags)."""
     hints = get_type_hints(EVENT_TYPES[event_type], include_extras=True)
@@ -281,7 +295,7 @@ def from_flags(event_type: str, flags: dict[str, str]) -> Event:
     """Build an event from ``--field value`` strings: text fields stay text,
     others (numbers, booleans, lists) are read as JSON."""
     if event_type not in EVENT_TYPES:
-        raise InvalidEvent(f"unknown type '{event_type}'")
+        raise InvalidEvent(f"unknown type '{event_type}' (the types: {TYPES_NAMED})")
     fields = field_types(event_type)
     data: dict[str, Any] = {"type": event_type}
     for name, text in flags.items():
@@ -291,9 +305,18 @@ def from_flags(event_type: str, flags: dict[str, str]) -> Event:
             continue
         try:
             data[name] = json.loads(text)
-        except ValueError:
+        except json.JSONDecodeError as error:
+            if "list" in repr(annotation):
+                flag = name.replace("_", "-")
+                raise InvalidEvent(
+                    f"field '{name}': not a JSON list ({error.msg} at column {error.colno}); "
+                    f"e.g. --{flag} '{LIST_EXAMPLES.get(name, '[]')}'"
+                ) from None
             data[name] = text  # let validation name the field and the type
     return received(data)
+
+
+LIST_EXAMPLES = {"addresses": '["10.0.0.5"]', "slots": '[{"slot": 0, "alloc": "a1"}]'}
 
 
 def _is_text(annotation: Any) -> bool:

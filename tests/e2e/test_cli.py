@@ -27,7 +27,7 @@ from click.testing import CliRunner, Result
 from commands.cli import cli
 from commands.stories import all_events
 from ledger.application import Ledger
-from ledger.events import EVENT_TYPES
+from ledger.events import EVENT_TYPES, TYPES_NAMED, fields_of
 from ledger.sqlite_store import SCHEMA_VERSION, sqlite_missing
 from projections.queries import COLUMNS
 
@@ -120,6 +120,33 @@ def test_submit_flags_read_numbers_and_lists_as_json_and_dashes_as_underscores(u
     )
 
 
+@pytest.mark.parametrize(("event", "message"), [
+    (["heartbeat", "--node", "n1", "--slots", '[{"slot": 0, "alloc": "b1"}'],
+     ("field 'slots': not a JSON list (Expecting ',' delimiter at column 28); "
+      """e.g. --slots '[{"slot": 0, "alloc": "a1"}]'""")),
+    (["alloc-placed", "--alloc", "a1", "--node", "n1", "--addresses", "10.0.0.7"],
+     ("field 'addresses': not a JSON list (Extra data at column 5); "
+      """e.g. --addresses '["10.0.0.5"]'""")),
+    (["heartbeat", "--node", "n1", "--at", "2026-01-01T00:00:00"],
+     "field 'at': needs a time zone (Z or +hh:mm)"),
+])
+def test_a_list_flag_that_is_not_json_is_named_with_an_example(url, event, message):
+    result = invoke(store(url, "submit", *event), code=1)
+    assert result.stdout == result_line(1, "invalid", None, message)
+
+
+def test_submit_help_lists_every_event_type_with_its_flags():
+    shown = invoke(["submit", "--help"]).stdout
+    vocabulary = shown[shown.index("Event types and their fields"):].splitlines()[2:]
+    assert [line.split()[0] for line in vocabulary] == list(EVENT_TYPES)
+    for line in vocabulary:
+        required, optional = fields_of(line.split()[0])
+        assert line.split()[1:] == [f"--{n}".replace("_", "-") for n in required] + [
+            f"[--{n}]".replace("_", "-") for n in optional]
+    assert vocabulary[7].split() == ["alloc-placed", "--alloc", "--node", "[--job]", "[--slot]",
+                                     "[--addresses]", "[--max-disconnect]"]
+
+
 def test_submit_from_flags_takes_the_at_time(url):
     result = invoke(store(
         url, "submit", "node-registered", "--node", "n1", "--at", "2026-03-02T09:00:00Z"
@@ -210,7 +237,7 @@ MIXED = (
 MIXED_RESULTS = (
     result_line(1, "appended", 1)
     + result_line(2, "appended", 2)
-    + result_line(4, "invalid", None, "unknown type 'nope'")
+    + result_line(4, "invalid", None, f"unknown type 'nope' (the types: {TYPES_NAMED})")
     + result_line(5, "invalid", None, "not valid JSON: expected ident at column 2")
     + result_line(6, "rejected", 3, "node zz is not registered")
     + result_line(7, "invalid", None, "unknown field 'extra'")
@@ -357,8 +384,8 @@ COMMAND_NAMES = {"submit", "query", "nodes", "allocs", "alloc", "history", "need
         (["submit", "missing.jsonl"],
          "Invalid value: cannot read missing.jsonl: No such file or directory"),
         (["submit", "nosuch-type", "--node", "x"],
-         ("'nosuch-type' is not an event type; flags (--node x) follow an event type: "
-          "alloc-ledger submit TYPE --field value")),
+         (f"'nosuch-type' is not an event type ({TYPES_NAMED}); flags (--node x) follow an "
+          "event type: alloc-ledger submit TYPE --field value")),
         (["submit", "heartbeet"],
          ("Invalid value: cannot read heartbeet: No such file or directory "
           "(nor is it an event type)")),

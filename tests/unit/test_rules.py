@@ -11,6 +11,8 @@ import json
 
 import pytest
 
+from ledger.events import TYPES_NAMED
+
 
 def test_positions_are_gapless_and_start_at_1(cluster):
     assert cluster.happens("node-registered", node="n1", slots=1) == 1
@@ -125,8 +127,10 @@ def test_an_appended_event_leaves_the_rejection_log_alone(cluster):
 # -- invalid events ---------------------------------------------------------
 
 INVALID = [
-    pytest.param({"type": "node-rebooted", "node": "n1"}, "unknown type 'node-rebooted'",
-                 id="unknown-type"),
+    pytest.param({"type": "node-rebooted", "node": "n1"},
+                 f"unknown type 'node-rebooted' (the types: {TYPES_NAMED})", id="unknown-type"),
+    pytest.param({"type": "heartbeat", "node": "n1", "at": "2026-01-01T00:00:00"},
+                 "field 'at': needs a time zone (Z or +hh:mm)", id="time-without-zone"),
     pytest.param({"node": "n1"}, "missing field 'type'", id="missing-type"),
     pytest.param({"type": "heartbeat", "node": "n1", "colour": "red"},
                  "unknown field 'colour'", id="unknown-field"),
