@@ -15,6 +15,7 @@ from __future__ import annotations
 import os
 import sqlite3
 import uuid
+from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -27,6 +28,18 @@ PROJECTIONS = ("nodes", "slots", "allocations", "alloc_states", "addresses")
 
 
 PG_ENV = "ALLOC_LEDGER_TEST_PG"
+NO_PG = f"{PG_ENV} is not set (e.g. postgresql://postgres@127.0.0.1:5432/test)"
+
+
+def pytest_terminal_summary(terminalreporter: Any) -> None:
+    """Say why tests were skipped, one line a reason, even under ``-q``."""
+    reasons: Counter[str] = Counter()
+    for report in terminalreporter.stats.get("skipped", []):
+        longrepr = report.longrepr
+        text = longrepr[2] if isinstance(longrepr, tuple) else str(longrepr)
+        reasons[text.removeprefix("Skipped: ")] += 1
+    for reason, count in sorted(reasons.items(), key=lambda item: -item[1]):
+        terminalreporter.write_line(f"skipped {count}: {reason}")
 
 
 def postgres_or_skip() -> str:
@@ -34,7 +47,7 @@ def postgres_or_skip() -> str:
     if not dsn:
         if os.environ.get("ALLOC_LEDGER_REQUIRE_PG"):
             pytest.fail(f"{PG_ENV} is not set, and ALLOC_LEDGER_REQUIRE_PG says it must be")
-        pytest.skip(f"PostgreSQL half skipped: set {PG_ENV}=postgresql://user@host:port/db")
+        pytest.skip(NO_PG)
     return dsn
 
 

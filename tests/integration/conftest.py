@@ -33,7 +33,7 @@ from projections.asof import materialize, rebuild
 PG_ENV = "ALLOC_LEDGER_TEST_PG"
 ROOT = Path(__file__).resolve().parents[2]
 CLI = [sys.executable, "-m", "commands"]
-SKIP_PG = "PostgreSQL half skipped: set ALLOC_LEDGER_TEST_PG=postgresql://user@host:port/db"
+SKIP_PG = "ALLOC_LEDGER_TEST_PG is not set (e.g. postgresql://postgres@127.0.0.1:5432/test)"
 
 
 def pg_dsn() -> str | None:
