@@ -18,7 +18,7 @@ COLUMNS: dict[str, tuple[str, ...]] = {
     "slots": ("node", "slot", "state", "alloc", "reported_alloc", "since_position"),
     "nodes": (
         "node", "status", "health", "parent", "slots", "slots_used", "allocs",
-        "last_heartbeat_at", "last_heartbeat_position",
+        "last_heartbeat_at", "last_heartbeat_position", "reason", "since_position",
     ),
     "allocs": (
         "alloc", "node", "job", "slot", "desired_status", "client_status",
@@ -68,7 +68,8 @@ class Queries:
     def nodes(self) -> list[dict[str, Any]]:
         return self._rows(
             "SELECT node, status, health, parent, slots, slots_used, allocs, "
-            "last_heartbeat_at, last_heartbeat_position FROM nodes ORDER BY node"
+            "last_heartbeat_at, last_heartbeat_position, reason, since_position "
+            "FROM nodes ORDER BY node"
         )
 
     def allocs(

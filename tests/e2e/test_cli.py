@@ -779,21 +779,21 @@ def test_nodes_in_every_format(small):
 
     assert nodes("table") == (
         "node  status        health  parent  slots  slots_used  allocs  last_heartbeat_at"
-        "            last_heartbeat_position\n"
+        "            last_heartbeat_position  reason  since_position\n"
         "n1    disconnected  ok              2      1           1       "
-        "2026-01-01T00:00:10.000000Z  2\n"
+        "2026-01-01T00:00:10.000000Z  2                                5\n"
     )
     row = {
         "node": "n1", "status": "disconnected", "health": "ok", "parent": None, "slots": 2,
         "slots_used": 1, "allocs": 1, "last_heartbeat_at": "2026-01-01T00:00:10.000000Z",
-        "last_heartbeat_position": 2,
+        "last_heartbeat_position": 2, "reason": None, "since_position": 5,
     }
     assert nodes("json") == json.dumps([row], indent=2) + "\n"
     assert nodes("jsonl") == json.dumps(row) + "\n"
     assert nodes("csv") == (
         "node,status,health,parent,slots,slots_used,allocs,last_heartbeat_at,"
-        "last_heartbeat_position\n"
-        "n1,disconnected,ok,,2,1,1,2026-01-01T00:00:10.000000Z,2\n"
+        "last_heartbeat_position,reason,since_position\n"
+        "n1,disconnected,ok,,2,1,1,2026-01-01T00:00:10.000000Z,2,,5\n"
     )
 
 
@@ -1203,7 +1203,8 @@ def test_schema_prints_the_json_schema_of_every_event():
 
 SQL = {
     "nodes": "SELECT node, status, health, parent, slots, slots_used, allocs, "
-             "last_heartbeat_at, last_heartbeat_position FROM nodes ORDER BY node",
+             "last_heartbeat_at, last_heartbeat_position, reason, since_position "
+             "FROM nodes ORDER BY node",
     "needs-reconnect": "SELECT alloc, node, job, desired_status, unknown_since_position, "
                        "unknown_since_at, deadline, deadline <= :now AS expired "
                        "FROM needs_reconnect ORDER BY unknown_since_position, alloc",

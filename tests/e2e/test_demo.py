@@ -55,9 +55,9 @@ def test_demo_names_each_bug_report(told):
 
 KEY_ANSWERS = {
     "nomad": [
-        "n1 disconnected ok 0 0 1 2026-03-02T09:00:05.000000Z 2",
-        "n1 initializing ok 0 0 1 2026-03-02T09:04:00.000000Z 10",
-        "n1 ready ok 0 0 1 2026-03-02T09:04:00.000000Z 10",
+        "n1 disconnected ok 0 0 1 2026-03-02T09:00:05.000000Z 2 7",
+        "n1 initializing ok 0 0 1 2026-03-02T09:04:00.000000Z 10 10",
+        "n1 ready ok 0 0 1 2026-03-02T09:04:00.000000Z 10 13",
         "a1 n1 web run 7 2026-03-02T09:01:00.000000Z 2026-03-02T09:06:00.000000Z false",
         "a1 n1 web run 7 2026-03-02T09:01:00.000000Z 2026-03-02T09:06:00.000000Z true",
         "-> node n1 is not ready (status disconnected); it takes no placements",
