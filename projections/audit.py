@@ -298,6 +298,8 @@ def audit(store: Store, start: int | None = None, end: int | None = None) -> Aud
     if first < 1:
         raise OutOfRange("--from", "the first position is 1")
     if first > last and head > 0:
+        if end is None:
+            raise OutOfRange("--from", f"position {first} is beyond the head of the log ({head})")
         raise OutOfRange("--from", f"position {first} is after --to {last}")
     auditor = Auditor(first)
     for stored in gapless(store.read_log(0, last)):

@@ -887,6 +887,7 @@ def test_as_of_a_position_past_the_head_is_a_usage_error(small, args):
     (["replay", "--to", "6"], "Invalid value for '--to': position 6 is beyond the head of the log (5)"),
     (["audit", "--to", "6"], "Invalid value for '--to': position 6 is beyond the head of the log (5)"),
     (["audit", "--from", "4", "--to", "3"], "Invalid value for '--from': position 4 is after --to 3"),
+    (["audit", "--from", "6"], "Invalid value for '--from': position 6 is beyond the head of the log (5)"),
 ])
 def test_a_range_the_log_does_not_hold_is_a_usage_error_of_its_option(small, args, error):
     result = invoke(store(small, *args), code=2)
