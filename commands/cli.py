@@ -119,7 +119,10 @@ def one_line(error: click.UsageError, where: str) -> click.UsageError:
     """A usage error as one line, which points at the help of the command
     ``where`` (click would print the usage and a hint on lines of their own
     first)."""
-    return click.UsageError(f"{error.format_message()} (see '{where} --help')")
+    message = error.format_message()
+    if isinstance(error, click.NoSuchOption) and error.option_name == "--store":
+        message += " (--store goes before the command: alloc-ledger --store URL COMMAND …)"
+    return click.UsageError(f"{message} (see '{where} --help')")
 
 
 @click.group(cls=LedgerGroup)
@@ -128,6 +131,7 @@ def one_line(error: click.UsageError, where: str) -> click.UsageError:
     envvar="ALLOC_LEDGER_STORE",
     default="sqlite:///alloc-ledger.db",
     show_default=True,
+    show_envvar=True,
     help="Store URL: sqlite:///path.db or postgresql://user:pass@host:port/db[?schema=name].",
 )
 @click.version_option(package_name="alloc-ledger")

@@ -111,6 +111,9 @@ def _pairs(args: list[str]) -> dict[str, str]:
             if value is None:
                 raise click.UsageError(f"--{name} needs a value")
         field = name.replace("-", "_")
+        if field == "store":
+            raise click.UsageError(
+                "--store goes before the command: alloc-ledger --store URL submit TYPE …")
         if field == "type":
             raise click.UsageError("--type: the event type is the first argument (submit TYPE --field value)")
         if field in flags:

@@ -147,6 +147,25 @@ def test_submit_help_lists_every_event_type_with_its_flags():
                                      "[--addresses]", "[--max-disconnect]"]
 
 
+@pytest.mark.parametrize(("args", "error"), [
+    (["query", "nodes", "--store", "sqlite:///x.db"],
+     ("No such option '--store'. (--store goes before the command: alloc-ledger --store URL "
+     "COMMAND …) (see 'alloc-ledger query nodes --help')")),
+    (["submit", "heartbeat", "--node", "n1", "--store", "sqlite:///x.db"],
+     ("--store goes before the command: alloc-ledger --store URL submit TYPE … "
+     "(see 'alloc-ledger submit --help')")),
+])
+def test_store_after_the_command_says_where_it_goes(tmp_path, monkeypatch, args, error):
+    monkeypatch.chdir(tmp_path)
+    result = invoke(args, code=2)
+    assert (result.stdout, result.stderr) == ("", f"Error: {error}\n")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_the_help_names_the_store_environment_variable():
+    assert "[env var: ALLOC_LEDGER_STORE;" in " ".join(invoke(["--help"]).stdout.split())
+
+
 def test_submit_from_flags_takes_the_at_time(url):
     result = invoke(store(
         url, "submit", "node-registered", "--node", "n1", "--at", "2026-03-02T09:00:00Z"
