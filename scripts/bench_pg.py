@@ -15,7 +15,8 @@ On one PostgreSQL server, in one run:
    answers come back with at most ``--window`` lines unacknowledged per stream
    (closed loop). Each stream's first line is answered before the clock starts
    (imports and connections are not measured). The acknowledgement latency of
-   an event is the time from writing its line to reading its result line.
+   an event is the time from when its line was due (paced; from writing it,
+   closed loop) to reading its result line.
 
 Each measured phase starts after a ``CHECKPOINT`` (when the role may run
 one), so that pgbench and the ledger meet the server in the same state: no
@@ -28,7 +29,8 @@ event and the segments created during the run are printed.
 
 Prints events/s, the ratio to pgbench's rate, p50/p99 latency and the CPU
 the machine spent per event, and exits 1 when the goal (ratio >= 0.75 and
-p99 < 50 ms) is missed.
+p99 < 50 ms) is missed (with --report-only, only when an event is
+invalid or something crashed).
 
 Example:
 
@@ -215,11 +217,13 @@ class Stream:
         stdin.close()
 
     def send_due(self, began: float, now: float) -> None:
-        """Paced: write every line due by now, in one write."""
+        """Paced: write every line due by now, in one write. A line's latency
+        counts from when it was due, not from when this thread got to write it:
+        a late pacer must not hide a slow ledger (coordinated omission)."""
         due = min(len(self.lines), int((now - began) * self.rate) + 1)
         if due > self.next:
             for number in range(self.next, due):
-                self.sent[number] = now
+                self.sent[number] = began + number / self.rate
             assert self.process.stdin is not None
             self.process.stdin.write(b"".join(self.lines[self.next:due]))
             self.next = due
@@ -406,6 +410,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seconds", type=int, default=10, help="pgbench -T (10)")
     parser.add_argument("--options", default="", help="extra store URL options, e.g. projections=inline")
     parser.add_argument("--keep", action="store_true", help="keep the scratch schema")
+    parser.add_argument("--report-only", action="store_true",
+                        help="exit 0 when the goal is missed (CI: a tiny run must only work); "
+                        "an invalid event or a crash still exits 1")
     args = parser.parse_args(argv)
 
     schema = f"bench_{uuid.uuid4().hex[:8]}"
@@ -470,7 +477,10 @@ def main(argv: list[str] | None = None) -> int:
           f"max {ledger['max_ms']:.1f} ms (goal p99 < {GOAL_P99_MS:.0f} ms)")
     met = ratio >= GOAL_RATIO and ledger["p99_ms"] < GOAL_P99_MS
     print("goal met" if met else "goal NOT met")
-    return 0 if met else 1
+    if ledger["statuses"].get("invalid"):
+        print(f"check failed: the simulated events are valid: {ledger['statuses']}")
+        return 1
+    return 0 if met or args.report_only else 1
 
 
 if __name__ == "__main__":
