@@ -140,26 +140,40 @@ class Handoff:
         self.lease_connection: psycopg.Connection[Any] | None = None
         self.lease = max(timeout / 3, 1.0)  # seconds a leader may stall before it loses the lead
         self.stopping = threading.Event()
-        self.failure: BaseException | None = None
-        self.lost_lead = False  # the failure is the lead lost (``lost_lead``)
+        # How the standby ended, published at once for the writer to read at
+        # once: its failure, and whether that failure is the lead lost
+        # (``lost_lead``); None while it stands by or leads.
+        self.ended: tuple[BaseException, bool] | None = None
+        self.cannot_stand_by: BaseException | None = None  # it could not connect
         self.leading = False
         self.rounds = 0
 
     # -- the writer's side -----------------------------------------------------
 
+    @property
+    def failure(self) -> BaseException | None:
+        return None if self.ended is None else self.ended[0]
+
     def decide(self, batch: list[Event], decider: Decider) -> list[Receipt]:
         """Hand a batch over and return its receipts once they are durable."""
         self.decider = decider
-        connection = self._writer_connection()
         key = uuid.uuid4().hex
+        handed = False
         try:
+            connection = self._writer_connection()
             connection.execute(
                 HAND, (key, orjson.dumps(batch), self.store.projects_inline, self.to_leader))
+            handed = True
             self._stand_by()
             return self._await(connection, key)
         except psycopg.Error as error:
             self._drop_writer_connection()
-            raise self.store.unavailable(error) from None
+            lost = self.store.unavailable(error)
+            if handed:  # a leader may have taken it, and committed it
+                raise StoreUnavailable(
+                    f"{lost} (after the batch was handed over: its events may or may not be kept)"
+                ) from None
+            raise lost from None
 
     def _await(self, connection: psycopg.Connection[Any], key: str) -> list[Receipt]:
         deadline = time.monotonic() + self.timeout
@@ -176,25 +190,30 @@ class Handoff:
                 ).fetchone()
                 if row is not None:
                     return [Receipt(*fields) for fields in orjson.loads(row[0])]
-            if self.lost_lead and restarts < RESTARTS and time.monotonic() <= deadline:
+            ended = self.ended  # read once: its two parts were published together
+            if ended is not None and ended[1] and restarts < RESTARTS and time.monotonic() <= deadline:
                 # This process's leader lost the lead (it stalled past its
                 # lease: Ctrl-Z and fg): its round rolled back, and the batch
                 # waits in ``handoff`` for whoever leads next. Stand by again,
                 # as a new writer would, once the failed standby has ended.
                 restarts += self._stand_by()
                 continue
-            if self.failure is not None or time.monotonic() > deadline:
+            if ended is None and self.cannot_stand_by is not None:
+                self._stand_by()  # try again: another process may lead meanwhile
+            if ended is not None or time.monotonic() > deadline:
                 if taken:  # a leader took it and has not answered in twice the time
                     raise StoreUnavailable(
                         f"store {self.store.shown}: the leader that took the batch did not "
                         f"answer within {self.timeout:g} s (its events may or may not be kept)"
                     )
                 if self._withdraw(connection, key):
-                    if self.failure is not None:
-                        raise self.failure
+                    if ended is not None:
+                        raise ended[0]
+                    why = ("" if self.cannot_stand_by is None else
+                           f"; this process could not stand by: {self.cannot_stand_by}")
                     raise StoreUnavailable(
                         f"store {self.store.shown}: no writer decided the batch within "
-                        f"{self.timeout:g} s (nothing of it was written)"
+                        f"{self.timeout:g} s (nothing of it was written{why})"
                     )
                 taken = True  # its answer should be coming
                 deadline = time.monotonic() + self.timeout
@@ -225,7 +244,7 @@ class Handoff:
         """Start standing by unless this process already does; whether it started."""
         if self.standby is not None and self.standby.is_alive():
             return False
-        self.failure, self.lost_lead = None, False
+        self.ended = None
         self.standby = threading.Thread(
             target=self._lead_when_free, name="alloc-ledger-standby", daemon=True
         )
@@ -233,9 +252,15 @@ class Handoff:
         return True
 
     def _lead_when_free(self) -> None:
+        self.standby_connection = self.lease_connection = None
         try:
-            connection = self.standby_connection = self.store.connect()
-            lease = self.lease_connection = self.store.connect(idle=self.lease)
+            try:  # one connection while standing by; the leader's others once it leads
+                lease = self.lease_connection = self.store.connect(idle=self.lease)
+            except StoreUnavailable as error:  # too many connections, say
+                self.cannot_stand_by = error  # not this batch's end: another may lead
+                self.stopping.wait(POLL * 10)
+                return
+            self.cannot_stand_by = None
             while not self.stopping.is_set():  # stand by: try for the lead now and then
                 lease.execute("BEGIN")
                 row = lease.execute(
@@ -247,14 +272,15 @@ class Handoff:
             else:
                 return
             self.leading = True
+            connection = self.standby_connection = self.store.connect()
             connection.execute(sql.SQL("LISTEN {}").format(sql.Identifier(self.to_leader)))
             self._lead(connection, lease)
         except BaseException as error:  # noqa: BLE001 - for the writer waiting in this process
             if not self.stopping.is_set():
-                self.lost_lead = lost_lead(error)
-                self.failure = (
+                failure = (
                     self.store.unavailable(error) if isinstance(error, psycopg.Error) else error
                 )
+                self.ended = (failure, lost_lead(error))
         finally:
             self.leading = False
             for held in (self.lease_connection, self.standby_connection):

@@ -17,6 +17,7 @@ from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
+import psycopg
 import pytest
 
 from ledger.application import Ledger
@@ -363,3 +364,72 @@ def test_a_writer_with_inline_projections_has_them_followed_by_any_leader(pg_url
     finally:
         leader.close()
     assert tables(pg_url).value("SELECT last_heartbeat_position FROM nodes WHERE node = 'n1'") == 3
+
+
+def _refuse_standing_by(ledger: Ledger, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The writer's standby cannot connect (say, too many connections)."""
+    store: Any = ledger.store
+    connect = store.connect
+
+    def refused(idle: float | None = None) -> Any:
+        if idle is not None:  # the standby's lease
+            raise StoreUnavailable('cannot open store x: too many connections for role "r"')
+        return connect(idle)
+
+    monkeypatch.setattr(store, "connect", refused)
+
+
+def test_a_writer_that_cannot_stand_by_is_answered_by_another_processs_leader(
+    pg_url, tables, monkeypatch
+):
+    pg_url += COMBINE
+    _register(pg_url, "n1")
+    with Ledger.open(pg_url) as leader:
+        assert leader.submit({"type": "heartbeat", "node": "n1"}).position == 2  # it leads
+        leading: Any = leader.store.handoff  # type: ignore[attr-defined]
+        decide_round = leading._round
+
+        def slow_round(connection: Any, committing: Any) -> Any:
+            time.sleep(0.5)  # the batch waits: the writer learns it cannot stand by first
+            return decide_round(connection, committing)
+
+        leading._round = slow_round
+        with Ledger.open(pg_url) as writer:
+            _refuse_standing_by(writer, monkeypatch)
+            receipt = writer.submit({"type": "heartbeat", "node": "n1"})
+
+    assert (receipt.status, receipt.position) == ("appended", 3)
+
+
+def test_a_writer_that_cannot_stand_by_and_is_not_answered_says_why(pg_url, tables, monkeypatch):
+    pg_url += COMBINE
+    _register(pg_url, "n1")
+    with Ledger.open(f"{pg_url}&timeout=1") as writer:
+        _refuse_standing_by(writer, monkeypatch)
+        with pytest.raises(StoreUnavailable, match=(
+            r"no writer decided the batch within 1 s \(nothing of it was written; this process "
+            r"could not stand by: cannot open store x: too many connections for role \"r\"\)$"
+        )):
+            writer.submit({"type": "heartbeat", "node": "n1"})
+
+    assert tables(pg_url).head() == 1
+    assert tables(pg_url).value("SELECT count(*) FROM handoff") == 0
+
+
+def test_a_writer_that_loses_its_connection_after_handing_over_says_its_events_may_be_kept(
+    pg_url, tables, monkeypatch
+):
+    pg_url += COMBINE
+    _register(pg_url, "n1")
+    with Ledger.open(pg_url) as writer:
+        handoff: Any = writer.store.handoff  # type: ignore[attr-defined]
+
+        def cut(connection: Any, key: str) -> Any:
+            raise psycopg.OperationalError("server closed the connection unexpectedly")
+
+        monkeypatch.setattr(handoff, "_await", cut)
+        with pytest.raises(StoreUnavailable, match=(
+            r": server closed the connection unexpectedly \(after the batch was handed over: "
+            r"its events may or may not be kept\)$"
+        )):
+            writer.submit({"type": "heartbeat", "node": "n1"})
