@@ -19,6 +19,7 @@ import orjson
 from pydantic import (
     AfterValidator,
     AwareDatetime,
+    BeforeValidator,
     ConfigDict,
     Field,
     TypeAdapter,
@@ -28,7 +29,7 @@ from pydantic import (
 from typing_extensions import TypedDict
 
 from ledger.errors import InvalidEvent
-from ledger.model import Event
+from ledger.model import Event, rfc3339
 
 MAX_SLOTS = 1024
 MAX_SECONDS = 2**31 - 1  # a duration's most seconds: an INTEGER column in both stores
@@ -43,6 +44,11 @@ NodeName = Annotated[str, Field(min_length=1, max_length=128, pattern=r"^[^#\x00
 Address = Annotated[str, Field(min_length=1, max_length=256, pattern=NO_NUL)]
 SlotIndex = Annotated[int, Field(ge=0, lt=MAX_SLOTS)]
 Text = Annotated[str, Field(max_length=1024, pattern=NO_NUL)]
+
+
+# An ``at`` must be written as RFC 3339 says (pydantic alone would read
+# "20260302" as Unix seconds and take "2026-01-01T00:00Z" without seconds).
+Instant = Annotated[AwareDatetime, BeforeValidator(rfc3339)]
 
 
 def _unique(values: list[str] | None) -> list[str] | None:
@@ -65,7 +71,7 @@ class Envelope(TypedDict):
     """What every event may carry besides its own fields."""
 
     id: NotRequired[Name | None]
-    at: NotRequired[AwareDatetime | None]
+    at: NotRequired[Instant | None]
     source: NotRequired[Text | None]
 
 

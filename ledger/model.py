@@ -5,6 +5,7 @@ Plain data; the rules that change them live in ``ledger.domain``.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -154,6 +155,27 @@ OUT_OF_YEARS = "outside the years 1 to 9999 in UTC"  # what ``timestamp`` cannot
 
 
 _TEXT_FORM = "%04d-%02d-%02dT%02d:%02d:%02d.%06dZ"
+
+
+# RFC 3339 (section 5.6): date, T (or t, or a space), time with seconds, an
+# optional fraction, and a zone: Z or an offset with a colon.
+_RFC3339 = re.compile(
+    r"\d{4}-\d{2}-\d{2}[Tt ]\d{2}:\d{2}:\d{2}(?:\.\d+)?(?P<zone>[Zz]|[+-]\d{2}:\d{2})?")
+NEEDS_ZONE = "needs a time zone (Z or +hh:mm)"
+EXAMPLE_TIME = "2026-01-01T12:00:00Z"
+NOT_RFC3339 = f"must be an RFC 3339 time with a zone, e.g. {EXAMPLE_TIME}"
+
+
+def rfc3339(text: object) -> datetime:
+    """An RFC 3339 time with a zone; ValueError saying what is wrong otherwise
+    (``NOT_RFC3339``, ``NEEDS_ZONE``, or a field out of range)."""
+    found = _RFC3339.fullmatch(text) if isinstance(text, str) else None
+    if found is None:
+        raise ValueError(NOT_RFC3339)
+    if not found["zone"]:
+        raise ValueError(NEEDS_ZONE)
+    assert isinstance(text, str)
+    return datetime.fromisoformat(f"{text[:10]}T{text[11:]}".replace("z", "Z"))
 
 
 def timestamp(moment: datetime) -> str:

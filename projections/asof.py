@@ -6,12 +6,11 @@ from __future__ import annotations
 
 import sqlite3
 from dataclasses import dataclass
-from datetime import datetime
 
 from ledger.collection import fewer_collections
 from ledger.domain import Cluster
 from ledger.errors import BadOption, OutOfRange
-from ledger.model import OUT_OF_YEARS, timestamp
+from ledger.model import EXAMPLE_TIME, NEEDS_ZONE, OUT_OF_YEARS, rfc3339, timestamp
 from ledger.records import Progress, replay_log
 from ledger.store import Store
 from projections import checkpoints, tables
@@ -45,11 +44,10 @@ class AsOf:
 def moment_of(text: str, option: str, not_a_time: str = "is not an RFC 3339 time") -> str:
     """An RFC 3339 time given for ``option``, in the ledger's fixed-width UTC form."""
     try:
-        moment = datetime.fromisoformat(text.replace("z", "Z"))
-    except ValueError:
-        raise BadOption(option, f"{text!r} {not_a_time}") from None
-    if moment.tzinfo is None:
-        raise BadOption(option, f"{text!r} needs a time zone (Z or +hh:mm)")
+        moment = rfc3339(text)
+    except ValueError as error:
+        why = NEEDS_ZONE if str(error) == NEEDS_ZONE else f"{not_a_time} (e.g. {EXAMPLE_TIME})"
+        raise BadOption(option, f"{text!r} {why}") from None
     try:
         return timestamp(moment)
     except OverflowError:

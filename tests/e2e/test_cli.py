@@ -420,16 +420,20 @@ COMMAND_NAMES = {"submit", "query", "nodes", "allocs", "alloc", "history", "need
          "Invalid value for '--format': 'xml' is not one of 'table', 'json', 'jsonl', 'csv'."),
         (["query", "nodes", "--as-of", "yesterday"],
          ("Invalid value for '--as-of': 'yesterday' is neither a position nor an "
-          "RFC 3339 timestamp")),
+          "RFC 3339 timestamp (e.g. 2026-01-01T12:00:00Z)")),
         (["query", "nodes", "--as-of", "2026-01-01T00:00:00"],
          ("Invalid value for '--as-of': '2026-01-01T00:00:00' needs a time zone "
           "(Z or +hh:mm)")),
         (["query", "alloc"], "Missing argument 'ALLOC'."),
         (["query", "history"], "Missing argument 'ENTITY'."),
         (["query", "needs-reconnect", "--now", "12"],
-         "Invalid value for '--now': '12' is not an RFC 3339 time"),
+         "Invalid value for '--now': '12' is not an RFC 3339 time (e.g. 2026-01-01T12:00:00Z)"),
         (["query", "needs-reconnect", "--now", "2026-01-01"],
-         "Invalid value for '--now': '2026-01-01' needs a time zone (Z or +hh:mm)"),
+         ("Invalid value for '--now': '2026-01-01' is not an RFC 3339 time "
+          "(e.g. 2026-01-01T12:00:00Z)")),
+        (["query", "nodes", "--as-of", "2026-01-01T00:00Z"],
+         ("Invalid value for '--as-of': '2026-01-01T00:00Z' is neither a position nor an "
+          "RFC 3339 timestamp (e.g. 2026-01-01T12:00:00Z)")),
         (["query", "nodes", "--as-of", "0001-01-01T00:00:00+10:00"],
          ("Invalid value for '--as-of': '0001-01-01T00:00:00+10:00' is outside the years 1 to "
           "9999 in UTC")),

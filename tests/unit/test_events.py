@@ -88,3 +88,30 @@ def test_an_at_as_validated_is_kept_in_utc_with_its_microseconds():
     event = received('{"type": "heartbeat", "node": "n1", "at": "2026-01-01T05:30:00.12+05:30"}')
 
     assert timestamp(event["at"]) == "2026-01-01T00:00:00.120000Z"
+
+
+NOT_RFC3339 = "field 'at': must be an RFC 3339 time with a zone, e.g. 2026-01-01T12:00:00Z"
+
+
+@pytest.mark.parametrize(("at", "error"), [
+    ("20260302", NOT_RFC3339),  # pydantic alone reads digits as Unix seconds: 1970-08-23
+    (1767225600, NOT_RFC3339),
+    ("2026-01-01T00:00Z", NOT_RFC3339),  # no seconds
+    ("2026-01-01T00:00:00+0100", NOT_RFC3339),  # an offset without its colon
+    ("2026-01-01", NOT_RFC3339),
+    ("2026-01-01T00:00:00", "field 'at': needs a time zone (Z or +hh:mm)"),
+    ("2026-13-01T00:00:00Z", "field 'at': month must be in 1..12"),
+])
+def test_an_at_that_is_not_rfc_3339_is_invalid(at: Any, error: str) -> None:
+    with pytest.raises(InvalidEvent) as raised:
+        received({"type": "heartbeat", "node": "n1", "at": at})
+    assert str(raised.value) == error
+
+
+@pytest.mark.parametrize("at", [
+    "2026-01-01T01:00:00+01:00", "2026-01-01t00:00:00z", "2026-01-01 00:00:00Z",
+    "2026-01-01T00:00:00.000000999Z", "2026-01-01T00:00:00-00:00",
+])
+def test_every_rfc_3339_form_is_read_as_the_same_moment(at: str) -> None:
+    event = received({"type": "heartbeat", "node": "n1", "at": at})
+    assert timestamp(event["at"]) == "2026-01-01T00:00:00.000000Z"
