@@ -18,8 +18,6 @@ from typing import Annotated, Any, Literal, NotRequired, Union, get_origin, get_
 import orjson
 from pydantic import (
     AfterValidator,
-    AwareDatetime,
-    BeforeValidator,
     ConfigDict,
     Field,
     TypeAdapter,
@@ -29,7 +27,7 @@ from pydantic import (
 from typing_extensions import TypedDict
 
 from ledger.errors import InvalidEvent
-from ledger.model import Event, rfc3339
+from ledger.model import RFC3339, Event, moment_of_form, rfc3339_problem
 
 MAX_SLOTS = 1024
 MAX_SECONDS = 2**31 - 1  # a duration's most seconds: an INTEGER column in both stores
@@ -46,9 +44,10 @@ SlotIndex = Annotated[int, Field(ge=0, lt=MAX_SLOTS)]
 Text = Annotated[str, Field(max_length=1024, pattern=NO_NUL)]
 
 
-# An ``at`` must be written as RFC 3339 says (pydantic alone would read
-# "20260302" as Unix seconds and take "2026-01-01T00:00Z" without seconds).
-Instant = Annotated[AwareDatetime, BeforeValidator(rfc3339)]
+# An ``at`` must be written as RFC 3339 says (pydantic's datetime would read
+# "20260302" as Unix seconds and take "2026-01-01T00:00Z" without seconds):
+# its form is checked with the other patterns, then ``received`` reads it.
+Instant = Annotated[str, Field(pattern=RFC3339, json_schema_extra={"format": "date-time"})]
 
 
 def _unique(values: list[str] | None) -> list[str] | None:
@@ -222,6 +221,8 @@ def describe(error: ValidationError, tagged: bool = True) -> str:
             parts.append(f"unknown type '{tag}' (the types: {TYPES_NAMED})")
         elif kind == "union_tag_not_found":
             parts.append("missing field 'type'")
+        elif kind in ("string_pattern_mismatch", "string_type") and field == "at":
+            parts.append(f"field 'at': {rfc3339_problem(item.get('input'))}")
         elif kind == "string_pattern_mismatch" and "\x00" in str(item.get("input")):
             parts.append(f"field '{field}': must not contain a NUL character")
         elif kind == "string_pattern_mismatch":
@@ -275,6 +276,11 @@ def received(data: str | bytes | dict[str, Any]) -> Event:
         raise InvalidEvent(f"not a valid event: {error}") from None
     if None in event.values():
         event = {k: v for k, v in event.items() if v is not None}
+    if "at" in event:
+        try:
+            event["at"] = moment_of_form(event["at"])
+        except ValueError:  # RFC 3339's form, a field out of range (month 13)
+            raise InvalidEvent(f"field 'at': {rfc3339_problem(event['at'])}") from None
     defaults = DEFAULTS.get(event["type"])
     return event if defaults is None else defaults | event
 

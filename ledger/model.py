@@ -159,23 +159,44 @@ _TEXT_FORM = "%04d-%02d-%02dT%02d:%02d:%02d.%06dZ"
 
 # RFC 3339 (section 5.6): date, T (or t, or a space), time with seconds, an
 # optional fraction, and a zone: Z or an offset with a colon.
-_RFC3339 = re.compile(
-    r"\d{4}-\d{2}-\d{2}[Tt ]\d{2}:\d{2}:\d{2}(?:\.\d+)?(?P<zone>[Zz]|[+-]\d{2}:\d{2})?")
+_DATE_TIME = r"\d{4}-\d{2}-\d{2}[Tt ]\d{2}:\d{2}:\d{2}(?:\.\d+)?"
+RFC3339 = rf"^{_DATE_TIME}(?:[Zz]|[+-]\d{{2}}:\d{{2}})$"
+_WITH_ZONE, _WITHOUT_ZONE = re.compile(RFC3339), re.compile(_DATE_TIME)
 NEEDS_ZONE = "needs a time zone (Z or +hh:mm)"
 EXAMPLE_TIME = "2026-01-01T12:00:00Z"
 NOT_RFC3339 = f"must be an RFC 3339 time with a zone, e.g. {EXAMPLE_TIME}"
 
 
+def moment_of_form(text: str) -> datetime:
+    """The moment of a text of RFC 3339's form (``RFC3339``); ValueError for
+    a field out of range (month 13). ``fromisoformat`` reads every such form
+    but lower case ``t`` and ``z``."""
+    try:
+        return datetime.fromisoformat(text)
+    except ValueError:
+        return datetime.fromisoformat(text.upper())
+
+
+def rfc3339_problem(text: object) -> str:
+    """What keeps a value from being an RFC 3339 time with a zone."""
+    if isinstance(text, str) and _WITH_ZONE.match(text):
+        try:
+            moment_of_form(text)
+        except ValueError as error:
+            return str(error)  # month must be in 1..12
+    elif isinstance(text, str) and _WITHOUT_ZONE.fullmatch(text):
+        return NEEDS_ZONE
+    return NOT_RFC3339
+
+
 def rfc3339(text: object) -> datetime:
-    """An RFC 3339 time with a zone; ValueError saying what is wrong otherwise
-    (``NOT_RFC3339``, ``NEEDS_ZONE``, or a field out of range)."""
-    found = _RFC3339.fullmatch(text) if isinstance(text, str) else None
-    if found is None:
-        raise ValueError(NOT_RFC3339)
-    if not found["zone"]:
-        raise ValueError(NEEDS_ZONE)
-    assert isinstance(text, str)
-    return datetime.fromisoformat(f"{text[:10]}T{text[11:]}".replace("z", "Z"))
+    """An RFC 3339 time with a zone; ValueError saying what is wrong otherwise."""
+    if isinstance(text, str) and _WITH_ZONE.match(text):
+        try:
+            return moment_of_form(text)
+        except ValueError:
+            pass
+    raise ValueError(rfc3339_problem(text))
 
 
 def timestamp(moment: datetime) -> str:
