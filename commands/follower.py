@@ -25,7 +25,7 @@ import click
 
 from commands.output import line
 from ledger.application import Ledger
-from ledger.errors import StoreUnavailable
+from ledger.errors import MadeByNewer, StoreUnavailable
 from ledger.store import Store
 
 RETRY_FIRST = 1.0  # seconds before the first try to reopen a lost store
@@ -130,6 +130,8 @@ def _reopened(
         backoff.wait(error)
         try:
             return opener(url, False)
+        except MadeByNewer:
+            raise  # no wait brings it back: this release cannot read it
         except StoreUnavailable as failed:
             error = failed
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 import os
+import re
 from collections.abc import Iterator
 from contextlib import AbstractContextManager
 from functools import partial
@@ -133,15 +134,20 @@ class Store(Protocol):
     def close(self) -> None: ...
 
 
+MOST_SECONDS = 86_400  # a day: more overflows what the servers and drivers take
+
+
 def seconds(options: dict[str, str], name: str, default: float) -> float:
     """A store URL parameter in seconds; ``ValueError`` naming it unless it
-    is a finite number above 0."""
+    is a finite number above 0, and at most a day."""
     try:
         value = float(options.get(name, default))
     except ValueError:
         value = -1
     if not 0 < value < math.inf:
         raise ValueError(f"{name}={options[name]} must be a finite number of seconds above 0")
+    if value > MOST_SECONDS:
+        raise ValueError(f"{name}={options[name]} must be at most {MOST_SECONDS} seconds (a day)")
     return value
 
 
@@ -150,9 +156,14 @@ def store_url(url: str | None) -> str:
 
 
 def redacted(url: str) -> str:
-    """The URL as given, its password masked, for messages."""
+    """The URL as given, its password masked (``user:***@``, ``password=***``),
+    for messages."""
     password = urlsplit(url).password
-    return url if password is None else url.replace(f":{password}@", ":***@", 1)
+    shown = url if password is None else url.replace(f":{password}@", ":***@", 1)
+    return PASSWORD_PARAMETER.sub(r"\1***", shown)
+
+
+PASSWORD_PARAMETER = re.compile(r"(?i)([?&]password=)[^&#]*")
 
 
 def _options(url: str, given: dict[str, list[str]]) -> dict[str, str]:
@@ -197,6 +208,6 @@ def open_store(url: str | None = None, create: bool = True) -> Store:
 
         return PostgresStore(url, parts, options, create)
     raise StoreUnavailable(
-        f"cannot open store {url!r}: use sqlite:///path/to/ledger.db or "
+        f"cannot open store {redacted(url)!r}: use sqlite:///path/to/ledger.db or "
         "postgresql://user:password@host:port/db"
     )

@@ -744,10 +744,28 @@ def test_a_bad_sqlite_url_parameter_exits_3_naming_it(tmp_path, query, message):
       "parameter writers is given twice")),
     ("sqlite:///x.db?timeout=1&timeout=2",
      "cannot open store sqlite:///x.db?timeout=1&timeout=2: parameter timeout is given twice"),
+    ("postgresql://127.0.0.1/db?timeout=100000000",
+     ("cannot open store postgresql://127.0.0.1/db?timeout=100000000: timeout=100000000 must be "
+      "at most 86400 seconds (a day)")),
+    ("postgresql://127.0.0.1/db?connect_timeout=1e300",
+     ("cannot open store postgresql://127.0.0.1/db?connect_timeout=1e300: connect_timeout=1e300 "
+      "must be at most 86400 seconds (a day)")),
+    ("sqlite:///x.db?timeout=1e300",
+     ("cannot open store sqlite:///x.db?timeout=1e300: timeout=1e300 must be at most 86400 seconds "
+     "(a day)")),
 ])
 def test_a_malformed_store_url_exits_3_in_one_line_without_its_password(tmp_path, url, message):
     result = invoke(["--store", url, "query", "nodes"], code=3)
     one_line_store_error(result, message)
+
+
+def test_a_password_given_as_a_url_parameter_is_not_shown_either():
+    result = invoke(["--store", "postgresql://127.0.0.1/db?password=s3cret&bogus=1", "query",
+                     "nodes"], code=3)
+    assert result.stderr.startswith(
+        "Error: cannot open store postgresql://127.0.0.1/db?password=***&bogus=1: unknown option "
+        "'bogus'"), result.stderr
+    assert "s3cret" not in result.stderr
 
 
 class Locked:

@@ -17,7 +17,7 @@ import pytest
 
 from commands import follower
 from ledger.application import Ledger
-from ledger.errors import StoreUnavailable
+from ledger.errors import MadeByNewer, StoreUnavailable
 from ledger.store import Store, open_store
 
 LOST = "store sqlite:///x.db: disk I/O error"
@@ -58,6 +58,8 @@ class Opener:
         step = self.script.pop(0)
         if step == "refuse":
             raise StoreUnavailable(REFUSED)
+        if step == "newer":  # upgraded meanwhile by a newer release
+            raise MadeByNewer("sqlite:///x.db", 9, 2)
         store = open_store(url, create=create)
         ledger = Ledger(LosingStore(store, int(step)))  # type: ignore[arg-type]
         self.opened.append(ledger)
@@ -121,6 +123,16 @@ def test_the_waits_start_again_at_1_s_once_the_tables_have_moved_on(url, capsys)
         {"following": True, "lag": 0, "reconnected": True},
         {"stopped": True, "lag": None},
     ]
+
+
+def test_a_store_a_newer_release_made_meanwhile_ends_the_follower_at_once(url, capsys):
+    opener = Opener(2, "refuse", "newer")
+    clock = Clock(waits=5)
+
+    with pytest.raises(MadeByNewer, match=r"schema version 9, this one knows 2\): upgrade"):
+        follow(url, opener, clock, capsys)
+
+    assert clock.waited == [1, 2]  # no wait after it: none would bring the store back
 
 
 def test_no_reconnect_raises_at_the_first_loss(url, capsys):
