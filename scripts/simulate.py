@@ -4,13 +4,31 @@
 The simulator keeps a model of the cluster as the ledger sees it (node
 status and health, slot tables, allocations, held addresses) and emits only
 events the SPEC rules accept, except for a sprinkle (well under 1%) of the
-four source systems' races, which the ledger rejects or flags:
+four source systems' races, which the ledger rejects or flags. A rejected
+event changes nothing, in the ledger as in the model; a flagged one is kept.
 
-* Flink: a placement on a slot another allocation already holds (rejected);
-* zombie slot: a slot report that still shows a released allocation (flagged);
+* Flink: a placement on a slot another allocation already holds (rejected:
+  "slot n1#0 is already held by allocation a2");
+* Flink: an allocation that holds a slot placed again on another slot
+  (rejected: "allocation a1 already holds slot n1#0");
+* Flink zombie slots: a slot report that shows an allocation history
+  released (``released``), one never placed (``unknown-alloc``), one
+  allocation on two slots (``duplicate``), or an allocation of another
+  node or slot (``moved``); flagged in ``zombie_slots`` until the node's
+  next correct report;
 * Swarmkit: a replacement task placed with an address still held by a task
-  that has not shut down (rejected);
-* Nomad: an alloc-updated from a node that is disconnected (rejected).
+  that has not shut down (rejected: "address ... is still held by
+  allocation ..., which has not shut down");
+* Swarmkit: ``alloc-removed`` of a task asked to stop that is still running
+  (rejected: "allocation t1 is running; removing it now would free ...");
+* Nomad: an alloc-updated from a node that is disconnected (rejected: "node
+  n1 is not allowed to update allocs while in status disconnected");
+* Nomad #15808: a placement on a node back from a disconnect whose
+  allocations have not reconnected yet (rejected: "node n1 is not ready
+  (status initializing); it takes no placements");
+* Drydock: a placement on a suspect node (rejected: "node n1 is suspect;
+  it takes no placements") and on a working copy that went down with its
+  host (rejected: "node n1-wc1 is not ready (status down); ...").
 
 Only the simulated cluster state is kept, never the history, so a run of any
 length streams in small, bounded memory. Same parameters, same bytes.
@@ -57,8 +75,9 @@ P_REGISTER = 0.0004
 P_DOWN = 0.0002
 P_REMOVE = 0.00008
 P_SUSPECT = 0.0001
-P_FLINK = 0.00015
-P_ZOMBIE = 0.00015
+P_FLINK = 0.00015  # a placement on a held slot
+P_FLINK_AGAIN = 0.00015  # a live allocation placed again on another slot
+P_ZOMBIE = 0.0004  # a slot report with a zombie (ZOMBIE_SHARES says which)
 
 SLOTLESS_SHARE = 0.15  # allocations holding no slot (Swarmkit tasks, Nomad allocs)
 SERVICE_SHARE = 0.4  # long-running services; the rest are batch jobs
@@ -67,6 +86,12 @@ MAX_DISCONNECT_CHOICES = (60, 120, 300, 600, 900)
 P_MAX_DISCONNECT = 0.35
 P_NOMAD_RACE = 0.025  # per disconnect episode with allocations to reconnect
 P_SWARM_RACE = 0.03  # per stop/remove request of an allocation with addresses
+P_EARLY_REMOVE = 0.03  # the same, alloc-removed before it shut down
+P_INIT_RACE = 0.03  # per return of a node with allocations to reconnect
+P_SUSPECT_RACE = 0.3  # per suspicion of a ready node
+P_COPY_RACE = 0.25  # per node going down that takes working copies with it
+# Zombie reasons, by cumulative share: released, unknown-alloc, duplicate, moved.
+ZOMBIE_SHARES = ((0.25, "released"), (0.5, "unknown-alloc"), (0.75, "duplicate"), (1.0, "moved"))
 ADDRESS_REUSE_AFTER = 32  # released addresses wait in a queue before reuse
 
 DOWN_REASONS = ("instance terminated", "resource vanished", "kernel panic", "network partition")
@@ -104,7 +129,11 @@ CONNECTED = frozenset((READY, INIT))
     K_REMOVE,
     K_NOMAD,
     K_SWARM,
-) = range(11)
+    K_EARLY_REMOVE,
+    K_INIT_RACE,
+    K_SUSPECT_RACE,
+    K_COPY_RACE,
+) = range(15)
 
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
@@ -236,6 +265,7 @@ class _Simulation:
             (P_REMOVE, self.node_removed),
             (P_SUSPECT, self.suspect),
             (P_FLINK, self.flink_race),
+            (P_FLINK_AGAIN, self.flink_again_race),
             (P_ZOMBIE, self.zombie_race),
         )
 
@@ -334,17 +364,22 @@ class _Simulation:
         self.terminate(a, LOST, 30, 300)
 
     def cascade(self, node: Node, status: str) -> list[Node]:
-        """node-down / node-removed on node and every node below it."""
+        """node-down / node-removed on node; every node below it goes down (the
+        ledger removes only the node named). Below a removed node they stay
+        down: nothing they were waiting for (a return) happens any more."""
         changed = []
         stack = [node]
         while stack:
             x = stack.pop()
-            if x.status != REMOVED and x.status != status:
-                self.set_status(x, status)
+            target = status if x is node else DOWN
+            if x.status != REMOVED and x.status != target:
+                self.set_status(x, target)
                 changed.append(x)
                 for a in list(x.allocs.values()):
                     if a.client not in TERMINAL:
                         self.lose(a)
+            elif status == REMOVED and x is not node:
+                x.epoch += 1  # already down: its scheduled return is off
             stack.extend(reversed(x.children))
         return changed
 
@@ -355,6 +390,9 @@ class _Simulation:
         if not downed:
             return
         root = downed[0]
+        if len(downed) > 1 and self.rng.random() < P_COPY_RACE:
+            copy = downed[1 + self.rng.randrange(len(downed) - 1)]
+            self.schedule(self.after(0.2, 5), K_COPY_RACE, copy, copy.epoch)
         if self.rng.random() >= p_removed:
             delay = self.after(low, high)
             for x in downed:
@@ -374,10 +412,14 @@ class _Simulation:
             parent = parent.parent
         return False
 
-    def heartbeat(self, node: Node, zombie: tuple[int, str] | None = None) -> Body:
+    def heartbeat(self, node: Node, zombie: tuple[tuple[int, str | None], ...] = ()) -> Body:
+        """A heartbeat of node; zombie: (slot, alloc) entries its slot report
+        gets wrong (the report's allocations are not the model's)."""
         status = node.status
         if status != READY and not (status == DOWN and self.gone_above(node)):
-            if status == DISC and self.has_reconnecting(node):
+            # Back from a disconnect, or still initializing: ready once nothing
+            # waits to reconnect (the ledger's rule, Nomad #15808).
+            if (status == DISC or status == INIT) and self.has_reconnecting(node):
                 self.set_status(node, INIT)
             else:
                 self.set_status(node, READY)
@@ -386,8 +428,8 @@ class _Simulation:
         if node.slots and (node.dirty or zombie or node.beats % SLOT_REPORT_EVERY == node.phase):
             node.dirty = False
             report = slot_report(node.table)
-            if zombie is not None:
-                report[zombie[0]]["alloc"] = zombie[1]
+            for slot, alloc_id in zombie:
+                report[slot]["alloc"] = alloc_id
             body["slots"] = report
         return ("heartbeat", body)
 
@@ -481,7 +523,9 @@ class _Simulation:
         for a in list(node.allocs.values()):
             if a.client in TERMINAL:
                 continue
-            if a.client == RUNNING and a.maxdc:
+            if a.client == UNKNOWN:  # unknown since an earlier disconnect: stays unknown
+                unknown.append(a)
+            elif a.client == RUNNING and a.maxdc:
                 a.client = UNKNOWN
                 unknown.append(a)
             else:
@@ -517,9 +561,26 @@ class _Simulation:
         node = self.pick(3)
         if node is None:
             return None
-        node.health = SUSPECT
-        self.schedule(self.after(2, 20), K_HEALTH, node, 0)
+        self.suspected(node, 2, 20)
         return ("node-suspected", {"node": node.name, "reason": self.rng.choice(SUSPECT_REASONS)})
+
+    def suspected(self, node: Node, low: float, high: float) -> None:
+        """A ready node turned suspect: a health check follows (Drydock), and
+        now and then a placement on it first (the race)."""
+        node.health = SUSPECT
+        self.schedule(self.after(low, high), K_HEALTH, node, 0)
+        if self.rng.random() < P_SUSPECT_RACE:
+            self.schedule(self.after(0.1, low / 2), K_SUSPECT_RACE, node, node.epoch)
+
+    def new_placement(self, node: Node) -> Body:
+        """A race's placement on a node that takes none: the ledger rejects
+        it, so its fresh id is never placed (and the model keeps nothing)."""
+        self.alloc_count += 1
+        job = f"batch-{self.rng.randrange(self.jobs):03d}"
+        body: dict[str, Any] = {"alloc": f"a{self.alloc_count:07d}", "node": node.name, "job": job}
+        if None in node.table:
+            body["slot"] = node.table.index(None)
+        return ("alloc-placed", body)
 
     def flink_race(self) -> Body | None:
         """Place a new allocation on a slot another allocation holds."""
@@ -540,13 +601,68 @@ class _Simulation:
                 return ("alloc-placed", body)
         return None
 
+    def flink_again_race(self) -> Body | None:
+        """Place an allocation that holds a slot again, on another slot."""
+        rng = self.rng
+        for _ in range(8):
+            node = self.pick(1)
+            if node is None or not node.slots:
+                continue
+            held = [alloc_id for alloc_id in node.table if alloc_id is not None]
+            if not held:
+                continue
+            a = node.allocs[rng.choice(held)]
+            k = a.slot
+            target = self.pick(2)
+            if target is None or not target.slots:
+                target = node
+            if target is not node:
+                slot = rng.randrange(target.slots)
+            elif node.slots > 1:  # another slot of its own node
+                slot = (k + 1 + rng.randrange(node.slots - 1)) % node.slots
+            else:
+                continue
+            return ("alloc-placed", {"alloc": a.id, "node": target.name, "job": a.job, "slot": slot})
+        return None
+
     def zombie_race(self) -> Body | None:
-        """A slot report that still shows an allocation history released."""
-        released = self.released
-        for _ in range(min(8, len(released))):
-            alloc_id, node, slot = released[self.rng.randrange(len(released))]
-            if node.status == READY and node.table[slot] is None:
-                return self.heartbeat(node, (slot, alloc_id))
+        """A slot report that gets an allocation wrong: one history released,
+        one never placed, one allocation on two slots, or one that history
+        binds to another slot or node. The node's next report is right."""
+        rng = self.rng
+        r = rng.random()
+        reason = next(name for share, name in ZOMBIE_SHARES if r < share)
+        if reason == "released":
+            released = self.released
+            for _ in range(min(8, len(released))):
+                alloc_id, node, slot = released[rng.randrange(len(released))]
+                if node.status == READY and node.table[slot] is None:
+                    return self.heartbeat(node, ((slot, alloc_id),))
+            return None
+        for _ in range(8):
+            node = self.pick(1)
+            if node is None or None not in node.table:
+                continue
+            table = node.table
+            free = [k for k, a in enumerate(table) if a is None]
+            held = [k for k, a in enumerate(table) if a is not None]
+            j = rng.choice(free)
+            if reason == "unknown-alloc":
+                self.alloc_count += 1  # an id that is never placed
+                return self.heartbeat(node, ((j, f"a{self.alloc_count:07d}"),))
+            if reason == "duplicate":
+                if held:
+                    return self.heartbeat(node, ((j, table[rng.choice(held)]),))
+                continue
+            if held and rng.random() < 0.5:  # moved to another slot of the node
+                k = rng.choice(held)
+                return self.heartbeat(node, ((k, None), (j, table[k])))
+            other = self.pick(2)  # moved here from another node
+            if other is None or other is node:
+                continue
+            for a in other.allocs.values():
+                if a.client not in TERMINAL:
+                    return self.heartbeat(node, ((j, a.id),))
         return None
 
     # ------------------------------------------------ scheduled follow-ups
@@ -562,6 +678,8 @@ class _Simulation:
             if node.status == DOWN:  # its parent is not back yet: it tries again later
                 self.schedule(self.after(30, 300), K_RETURN, node, node.epoch)
             if node.status == INIT:
+                if self.rng.random() < P_INIT_RACE:  # before its allocations reconnect
+                    self.schedule(1, K_INIT_RACE, node, node.epoch)
                 delay = 0
                 for a in node.allocs.values():
                     if a.client == UNKNOWN:
@@ -623,6 +741,26 @@ class _Simulation:
                 body["slot"] = node.table.index(None)
             body["addresses"] = [a.addrs[0]]
             return ("alloc-placed", body)
+        if kind == K_EARLY_REMOVE:
+            a = target
+            if a.stage != token or a.client != RUNNING:
+                return None
+            return ("alloc-removed", {"alloc": a.id})
+        if kind == K_INIT_RACE:
+            node = target
+            if node.epoch != token or node.status != INIT:
+                return None
+            return self.new_placement(node)
+        if kind == K_SUSPECT_RACE:
+            node = target
+            if node.epoch != token or node.status != READY or node.health != SUSPECT:
+                return None
+            return self.new_placement(node)
+        if kind == K_COPY_RACE:
+            node = target
+            if node.epoch != token or node.status != DOWN:
+                return None
+            return self.new_placement(node)
         raise AssertionError(kind)
 
     def lifecycle(self, kind: int, a: Alloc, token: int) -> Body | None:
@@ -664,13 +802,15 @@ class _Simulation:
             if r < 0.635 and node.health == OK:
                 self.reported(node)
                 self.terminate(a, FAILED)
-                node.health = SUSPECT
-                self.schedule(self.after(1, 10), K_HEALTH, node, 0)
+                self.suspected(node, 1, 10)
                 return ("alloc-updated", {"alloc": a.id, "client_status": FAILED, "blame": "node"})
             a.stage += 1
             self.schedule(self.after(1, 15), K_STOPPED, a, a.stage)
-            if a.addrs and rng.random() < P_SWARM_RACE:
-                self.schedule(self.after(0.1, 0.9), K_SWARM, a, a.stage)
+            if a.addrs:
+                if rng.random() < P_SWARM_RACE:
+                    self.schedule(self.after(0.1, 0.9), K_SWARM, a, a.stage)
+                if rng.random() < P_EARLY_REMOVE:
+                    self.schedule(self.after(0.1, 0.9), K_EARLY_REMOVE, a, a.stage)
             if r < 0.82:
                 a.desired = STOP
                 return ("alloc-stop-requested", {"alloc": a.id})
