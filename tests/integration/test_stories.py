@@ -152,11 +152,12 @@ def test_nomad_nothing_needs_to_reconnect_once_a1_reported(told):
         assert t.q.needs_reconnect("2026-03-02T09:04:20.000000Z") == []
 
 
-def n1(status: str, heartbeat: tuple[str, int], allocs: int = 1) -> dict[str, Any]:
+def n1(status: str, since: int, heartbeat: tuple[str, int], allocs: int = 1) -> dict[str, Any]:
     return {
         "node": "n1", "status": status, "health": "ok", "parent": None, "slots": 0,
         "slots_used": 0, "allocs": allocs, "last_heartbeat_at": heartbeat[0],
         "last_heartbeat_position": heartbeat[1],
+        "reason": None, "since_position": since,  # README: after the SPEC's columns
     }
 
 
@@ -164,11 +165,11 @@ def test_nomad_n1_disconnected_then_initializing_then_ready(told):
     first = ("2026-03-02T09:00:05.000000Z", 2)
     again = ("2026-03-02T09:04:00.000000Z", 10)
     with told(position_of(NOMAD, 1)) as t:
-        assert t.q.nodes() == [n1("disconnected", first)]
+        assert t.q.nodes() == [n1("disconnected", 7, first)]
     with told(position_of(NOMAD, 4)) as t:
-        assert t.q.nodes() == [n1("initializing", again)]
+        assert t.q.nodes() == [n1("initializing", 10, again)]
     with told(position_of(NOMAD, 7)) as t:
-        assert t.q.nodes() == [n1("ready", again)]
+        assert t.q.nodes() == [n1("ready", 13, again)]  # a1's report made it ready
 
 
 def test_nomad_a1_is_running_again_and_a2_stays_lost(told):
@@ -214,6 +215,31 @@ def test_nomad_history_of_a1(told):
             (7, "heartbeat-missed", "appended", None),
             (9, "alloc-updated", "rejected",
              "node n1 is not allowed to update allocs while in status disconnected"),
+            (13, "alloc-updated", "appended", None),
+        ]
+
+
+def test_nomad_history_of_n1(told):
+    """SPEC section 3: every event and rejection touching the node, in order:
+    those naming it, and the updates and rejections of its allocations."""
+    with told(position_of(NOMAD, 9)) as t:
+        assert t.history("n1") == [
+            (1, "node-registered", "appended", None),
+            (2, "heartbeat", "appended", None),
+            (3, "alloc-placed", "appended", None),
+            (4, "alloc-placed", "appended", None),
+            (5, "alloc-updated", "appended", None),
+            (6, "alloc-updated", "appended", None),
+            (7, "heartbeat-missed", "appended", None),
+            (8, "alloc-placed", "rejected",
+             "node n1 is not ready (status disconnected); it takes no placements"),
+            (9, "alloc-updated", "rejected",
+             "node n1 is not allowed to update allocs while in status disconnected"),
+            (10, "heartbeat", "appended", None),
+            (11, "alloc-placed", "rejected",
+             "node n1 is not ready (status initializing); it takes no placements"),
+            (12, "alloc-updated", "rejected",
+             "allocation a2 is lost; a terminal status never changes"),
             (13, "alloc-updated", "appended", None),
         ]
 
@@ -343,6 +369,33 @@ def test_drydock_leases_are_lost(told):
     ]
     assert statuses == {"n1": "ready", "tm1": "ready", "w1": "ready", "host1": "down",
                         "wc1": "down"}
+
+
+def test_drydock_history_of_wc1_has_the_cascade_that_took_it_down(told):
+    """README: a node's history has the events that changed it without naming
+    it: host1's failed health check (48) took wc1 down."""
+    with told(position_of(DRYDOCK, 3)) as t:
+        wc1 = t.history("wc1")
+        host1 = t.history("host1")
+    assert wc1 == [
+        (40, "node-registered", "appended", None),
+        (41, "heartbeat", "appended", None),
+        (44, "alloc-placed", "appended", None),
+        (45, "alloc-updated", "appended", None),
+        (48, "health-checked", "appended", None),
+        (49, "alloc-placed", "rejected",
+         "node wc1 is not ready (status down); it takes no placements"),
+    ]
+    assert host1 == [
+        (38, "node-registered", "appended", None),
+        (39, "heartbeat", "appended", None),
+        (40, "node-registered", "appended", None),  # names host1 as its parent
+        (42, "alloc-placed", "appended", None),
+        (43, "alloc-updated", "appended", None),
+        (46, "node-suspected", "appended", None),
+        (47, "alloc-placed", "rejected", "node host1 is suspect; it takes no placements"),
+        (48, "health-checked", "appended", None),
+    ]
 
 
 # -- after the stories: rejections, and every question as of each question --------

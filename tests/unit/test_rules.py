@@ -8,10 +8,13 @@ The rules of each event type are in ``test_rules_nodes.py`` and
 from __future__ import annotations
 
 import json
+import re
+from datetime import UTC, datetime, timedelta
 
 import pytest
 
 from ledger.events import TYPES_NAMED
+from projections.history import history
 
 
 def test_positions_are_gapless_and_start_at_1(cluster):
@@ -229,3 +232,82 @@ def test_an_id_is_still_a_duplicate_after_the_store_is_reopened(cluster):
     assert cluster.head() == 2
     assert cluster.snapshot() == before
     assert cluster.happens("heartbeat", node="n1", id="hb-2") == 3
+
+
+# -- the envelope: id, source, recorded_at ----------------------------------
+
+@pytest.mark.parametrize(("ident", "limit"), [
+    pytest.param("", "at least 1 character", id="empty"),
+    pytest.param("x" * 129, "at most 128 characters", id="129-chars"),
+])
+def test_an_id_outside_1_to_128_characters_is_invalid_naming_the_field(cluster, ident, limit):
+    """SPEC section 2: ``id`` is 1-128 characters."""
+    receipt = cluster.submit("node-registered", node="n1", id=ident)
+
+    assert (receipt.status, receipt.position) == ("invalid", None)
+    assert receipt.error is not None
+    assert receipt.error.startswith("field 'id': "), receipt.error
+    assert limit in receipt.error
+    assert cluster.head() == 0
+    assert cluster.rows("SELECT * FROM nodes") == []
+
+
+def test_an_id_of_128_characters_is_kept_whole(cluster):
+    ident = "i" * 127 + "d"
+
+    assert cluster.happens("node-registered", node="n1", id=ident) == 1
+
+    again = cluster.submit("node-registered", node="n1", id=ident)
+    assert (again.status, again.position) == ("duplicate", 1)
+    other = cluster.submit("node-registered", node="n2", id="i" * 128)  # same first 127
+    assert (other.status, other.position) == ("appended", 2)
+
+
+def kept_log(cluster):
+    """Every kept event as the log holds it: (position, topic, state)."""
+    found = cluster.rows(
+        "SELECT originator_version, topic, state FROM stored_events ORDER BY originator_version")
+    return [(r["originator_version"], r["topic"], json.loads(bytes(r["state"]))) for r in found]
+
+
+def test_the_source_is_kept_with_the_event_appended_or_rejected(cluster):
+    """SPEC section 2: ``source`` (who reported it, free text) is part of the
+    event; the kept event, and so ``query history``, shows it."""
+    cluster.happens("node-registered", node="n1", source="nomad-server-2 \"eu\"")
+    cluster.refused("node-registered", node="n1", source="retry-bot")
+    cluster.happens("heartbeat", node="n1")
+
+    rows = history(cluster.ledger.store, "n1")
+    assert [(r["position"], r["status"], r["event"].get("source")) for r in rows] == [
+        (1, "appended", "nomad-server-2 \"eu\""), (2, "rejected", "retry-bot"), (3, "appended", None),
+    ]
+    assert [state["event"].get("source") for _, _, state in kept_log(cluster)] == [
+        "nomad-server-2 \"eu\"", "retry-bot", None,
+    ]
+    assert json.loads(cluster.rejections()[0]["event"])["source"] == "retry-bot"
+
+
+def test_every_kept_event_has_the_time_it_was_recorded(cluster):
+    """SPEC section 2: the ledger adds ``position`` and ``recorded_at`` (kept in
+    the log's ``state``, README "Tables for reporting tools"), whatever ``at``
+    says; ``at`` defaults to the time received."""
+    def utc_text(moment: datetime) -> str:
+        return moment.strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+    before = utc_text(datetime.now(UTC) - timedelta(seconds=1))
+    cluster.happens("node-registered", node="n1", at="2020-01-01T00:00:00Z")
+    cluster.refused("node-registered", node="n1", at="2020-01-01T00:00:01Z")
+    assert cluster.submit("heartbeat", node="n1", colour="red").status == "invalid"
+    cluster.happens("heartbeat", node="n1")
+    after = utc_text(datetime.now(UTC) + timedelta(seconds=1))
+
+    kept = kept_log(cluster)
+
+    assert [(position, topic) for position, topic, _ in kept] == [
+        (1, "node-registered"), (2, "rejected"), (3, "heartbeat")]
+    for _, _, state in kept:
+        assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{6}Z", state["recorded_at"])
+        assert before <= state["recorded_at"] <= after
+    ats = [state["event"]["at"] for _, _, state in kept]
+    assert ats[:2] == ["2020-01-01T00:00:00.000000Z", "2020-01-01T00:00:01.000000Z"]
+    assert ats[2] == kept[2][2]["recorded_at"]  # no ``at``: the time it was received

@@ -676,3 +676,64 @@ def test_a_second_remove_request_changes_nothing(cluster):
     cluster.happens("alloc-remove-requested", alloc="a1")
 
     assert cluster.snapshot() == before
+
+
+# -- nodes.slots_used follows the slot table ----------------------------------
+
+
+def used(cluster, node="n1"):
+    """The node's slots_used, and the count of its slots that are not free."""
+    held = cluster.one(
+        "SELECT COUNT(*) AS n FROM slots WHERE node = ? AND state <> 'free'", node)["n"]
+    return cluster.node(node)["slots_used"], held
+
+
+FREED = [
+    pytest.param([("alloc-updated", {"alloc": "a1", "client_status": "complete"})], 1,
+                 id="complete"),
+    pytest.param([("alloc-updated", {"alloc": "a2", "client_status": "failed",
+                                     "blame": "alloc"})], 1, id="failed"),
+    pytest.param([("alloc-updated", {"alloc": "a1", "client_status": "complete"}),
+                  ("alloc-removed", {"alloc": "a1"})], 1, id="complete-then-reaped"),
+    pytest.param([("node-down", {"node": "n1"})], 0, id="node-down"),
+    pytest.param([("node-removed", {"node": "n1"})], 0, id="node-removed"),
+    pytest.param([("health-checked", {"node": "n1", "passed": False})], 0,
+                 id="health-check-failed"),
+    pytest.param([("heartbeat-missed", {"node": "n1"})], 0, id="heartbeat-missed-down"),
+    pytest.param([("node-down", {"node": "host"})], 0, id="parent-down"),
+]
+
+
+@pytest.mark.parametrize(("events", "left"), FREED)
+def test_slots_used_goes_down_when_a_slot_is_freed(cluster, events, left):
+    """SPEC section 3, ``nodes``: slots_used; a terminal status, a loss
+    (node down, removed, recycled, missed heartbeat, a parent gone) frees the slot."""
+    cluster.ready_node("host")
+    cluster.ready_node("n1", slots=3, parent="host")
+    assert used(cluster) == (0, 0)
+    cluster.running("a1", "n1", slot=0)
+    assert used(cluster) == (1, 1)
+    cluster.place("a2", "n1", slot=1)
+    cluster.place("a3", "n1")  # holds no slot
+    assert used(cluster) == (2, 2)
+
+    for kind, fields in events:
+        cluster.happens(kind, **fields)
+
+    assert used(cluster) == (left, left)
+
+
+def test_slots_used_keeps_the_slot_of_an_allocation_waiting_to_reconnect(cluster):
+    cluster.ready_node("n1", slots=3)
+    cluster.running("waits", "n1", slot=0, max_disconnect=300)
+    cluster.running("a2", "n1", slot=1)
+    cluster.place("a3", "n1", slot=2, max_disconnect=300)  # pending: lost
+    assert used(cluster) == (3, 3)
+
+    cluster.happens("heartbeat-missed", node="n1")
+
+    assert cluster.status("n1") == "disconnected"
+    assert used(cluster) == (1, 1)
+    cluster.happens("heartbeat", node="n1")
+    cluster.report("waits", "complete")
+    assert used(cluster) == (0, 0)

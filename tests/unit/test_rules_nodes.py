@@ -202,6 +202,51 @@ def test_an_allocation_reported_on_two_slots_of_its_node_is_a_duplicate(cluster,
     assert {row["position"] for row in zombies.values()} == {position}
 
 
+def zombies(cluster):
+    return cluster.rows("SELECT node, slot, alloc, reason, position FROM zombie_slots "
+                        "ORDER BY node, slot")
+
+
+@pytest.mark.parametrize(("node", "slot"), [
+    ("n2", 0),  # held on another node's slot
+    ("n2", None),  # on another node, without a slot
+    ("n1", None),  # on this node, but bound to no slot
+])
+def test_an_allocation_history_binds_elsewhere_is_a_moved_zombie(cluster, node, slot):
+    """SPEC: ``moved``, history binds it to another slot or node."""
+    cluster.ready_node("n1", slots=1)
+    cluster.ready_node("n2", slots=1)
+    cluster.running("a1", node, slot=slot)
+
+    position = cluster.happens("heartbeat", node="n1", slots=[{"slot": 0, "alloc": "a1"}])
+
+    assert zombies(cluster) == [
+        {"node": "n1", "slot": 0, "alloc": "a1", "reason": "moved", "position": position}]
+    assert cluster.slot_state("n1", 0) == ("free", None)
+
+
+@pytest.mark.parametrize("end", ["complete", "lost"])
+def test_an_allocation_that_was_removed_is_a_released_zombie(cluster, end):
+    """SPEC: ``released``, history says that allocation is terminal or removed;
+    a removed allocation is not ``unknown-alloc``: it was placed."""
+    cluster.ready_node("n1", slots=1)
+    cluster.running("a1", "n1", slot=0)
+    if end == "complete":
+        cluster.report("a1", "complete")
+    else:
+        cluster.happens("node-down", node="n1")
+        cluster.happens("heartbeat", node="n1")
+    cluster.happens("alloc-removed", alloc="a1")
+    assert cluster.alloc("a1")["removed"] == 1
+    cluster.running("a2", "n1", slot=0)  # the slot is someone else's now
+
+    position = cluster.happens("heartbeat", node="n1", slots=[{"slot": 0, "alloc": "a1"}])
+
+    assert zombies(cluster) == [
+        {"node": "n1", "slot": 0, "alloc": "a1", "reason": "released", "position": position}]
+    assert cluster.slot_state("n1", 0) == ("active", "a2")
+
+
 def test_a_slot_report_replaces_the_last_reported_table(cluster):
     cluster.ready_node("n1", slots=3)
     cluster.happens(
@@ -343,13 +388,68 @@ def test_on_disconnect_a_running_allocation_with_max_disconnect_waits_whatever_i
     assert cluster.needing_reconnect() == ["keeps", "stopping"]
 
 
-def test_a_missed_heartbeat_from_an_initializing_node_disconnects_it_too(cluster):
+def test_a_missed_heartbeat_from_an_initializing_node_disconnects_it_again(cluster):
+    """SPEC: heartbeat-missed takes a ``ready``/``initializing`` node to
+    ``disconnected`` while an allocation may wait; README: an allocation
+    already unknown stays unknown (not lost), still waiting since it first was."""
+    cluster.ready_node("n1", slots=2)
+    cluster.running("a1", "n1", slot=0, addresses=["10.0.0.5"], max_disconnect=300)
+    cluster.running("a2", "n1", slot=1, max_disconnect=300)
+    first = cluster.happens("heartbeat-missed", node="n1", at="2026-01-01T00:00:00Z")
+    cluster.happens("heartbeat", node="n1")
+    assert cluster.status("n1") == "initializing"  # neither a1 nor a2 has reported yet
+
+    position = cluster.happens("heartbeat-missed", node="n1", at="2026-01-01T00:01:00Z")
+
+    node = cluster.node("n1")
+    assert (node["status"], node["reason"], node["since_position"]) == (
+        "disconnected", None, position)
+    assert json.loads(node["lost_allocs"]) == []
+    for name in ("a1", "a2"):
+        alloc = cluster.alloc(name)
+        assert (alloc["client_status"], alloc["desired_status"], alloc["needs_reconnect"]) == (
+            "unknown", "run", 1)
+        assert (alloc["unknown_since_position"], alloc["deadline"]) == (
+            first, "2026-01-01T00:05:00.000000Z")
+        assert cluster.states(name) == [("unknown", first)]
+    assert cluster.needing_reconnect() == ["a1", "a2"]
+    assert cluster.slot_state("n1", 0) == ("active", "a1")
+    assert cluster.holder("10.0.0.5") == ("a1", "held")
+    assert cluster.refused("alloc-updated", alloc="a1", client_status="running") == (
+        "node n1 is not allowed to update allocs while in status disconnected")
+
+
+def test_an_initializing_node_whose_waiting_allocation_is_desired_stop_goes_down(cluster):
+    """Nothing on it may wait any more (desired stop): down, and what waited is lost."""
+    cluster.ready_node("n1", slots=1)
+    cluster.running("a1", "n1", slot=0, max_disconnect=300)
+    first = cluster.happens("heartbeat-missed", node="n1")
+    cluster.happens("heartbeat", node="n1")
+    cluster.happens("alloc-stop-requested", alloc="a1")
+    assert cluster.status("n1") == "initializing"
+
+    position = cluster.happens("heartbeat-missed", node="n1")
+
+    node = cluster.node("n1")
+    assert (node["status"], node["reason"], json.loads(node["lost_allocs"])) == (
+        "down", "missed heartbeat", ["a1"])
+    assert cluster.states("a1") == [("unknown", first), ("lost", position)]
+    assert cluster.needing_reconnect() == []
+    assert cluster.slot_state("n1", 0) == ("free", None)
+
+
+def test_a_missed_heartbeat_after_a_partial_reconnect_leaves_the_other_allocation_unknown(
+    cluster,
+):
+    """The node is ready again (a1 reported), a2 has not: a2 stays unknown
+    from the first disconnect, a1 waits again."""
     cluster.ready_node("n1", slots=2)
     cluster.running("a1", "n1", slot=0, max_disconnect=300)
     cluster.running("a2", "n1", slot=1, max_disconnect=300)
     first = cluster.happens("heartbeat-missed", node="n1")
     cluster.happens("heartbeat", node="n1")  # initializing: a1 and a2 must report
     back = cluster.report("a1", "running")  # the node is ready again, a2 still unknown
+    assert cluster.status("n1") == "ready"
 
     position = cluster.happens("heartbeat-missed", node="n1")
 
@@ -414,6 +514,37 @@ def test_a_missed_heartbeat_takes_down_a_node_whose_allocations_cannot_wait(clus
     assert cluster.states("a1") == [("lost", position)]
     assert cluster.slot_state("n1", 0) == ("free", None)
     assert cluster.holder("10.0.0.5") is None
+
+
+def test_a_missed_heartbeat_that_takes_a_node_down_takes_its_descendants_down(cluster):
+    """SPEC: heartbeat-missed "On down: see node-down", which cascades to every
+    node whose parent chain includes it; a descendant's allocation that could
+    wait is lost with it (the descendants go down, they do not disconnect)."""
+    family(cluster)
+    cluster.running("waits", "wc2", max_disconnect=300)
+
+    position = cluster.happens("heartbeat-missed", node="host")
+
+    statuses = {r["node"]: (r["status"], r["reason"], r["since_position"])
+                for r in cluster.rows("SELECT * FROM nodes")}
+    assert statuses == {
+        "host": ("down", "missed heartbeat", position),
+        "wc1": ("down", "parent host went down", position),
+        "wc2": ("down", "parent wc1 went down", position),
+        "other": ("ready", None, 8),
+    }
+    for node, lost in (("host", ["lease-host"]), ("wc1", ["lease-wc1"]),
+                       ("wc2", ["lease-wc2", "waits"])):
+        assert json.loads(cluster.node(node)["lost_allocs"]) == lost
+        for alloc in lost:
+            row = cluster.alloc(alloc)
+            assert (row["client_status"], row["desired_status"]) == ("lost", "stop")
+            assert cluster.states(alloc) == [("lost", position)]
+        assert cluster.slot_state(node, 0) == ("free", None)
+    assert cluster.needing_reconnect() == []
+    assert cluster.alloc("lease-other")["client_status"] == "running"
+    assert cluster.refused("alloc-placed", alloc="lease-9", node="wc2", slot=0) == (
+        "node wc2 is not ready (status down); it takes no placements")
 
 
 def test_a_missed_heartbeat_from_a_new_node_takes_it_down(cluster):
