@@ -639,28 +639,35 @@ print(json.dumps({"position": position, "rebuild_seconds": rebuilt - started,
         now = time.strftime("%Y-%m-%dT%H:%M:%S.000000Z", time.gmtime())
         ask = {"needs-reconnect": lambda q: q.needs_reconnect(now),
                "zombie-slots": lambda q: q.zombie_slots(), "nodes": lambda q: q.nodes()}[name]
+
+        def once(url: str) -> None:
+            store = open_store(url, create=False)
+            try:
+                with store.reading() as cursor:
+                    ask(Queries(cursor, store.param))
+            finally:
+                store.close()
+
+        self.figures["queries"][name]["in_process"] = self._in_process(
+            "same query in-process (open + query + close)", self.query_runs, once)
+
+    def _in_process(self, what: str, runs: int, once: Any) -> dict[str, Any]:
+        """Time ``once(url)`` at N and at the small history, interleaved; add
+        an info row (no interpreter start, no CLI imports: what history costs)."""
         times: dict[str, list[float]] = {"big": [], "small": []}
-        for _ in range(self.query_runs):
+        for _ in range(runs):
             for key, url in (("big", self.big_url), ("small", self.small_url)):
                 started = time.perf_counter()
-                store = open_store(url, create=False)
-                try:
-                    with store.reading() as cursor:
-                        ask(Queries(cursor, store.param))
-                finally:
-                    store.close()
+                once(url)
                 times[key].append(time.perf_counter() - started)
         at_big, at_small = median(times["big"]), median(times["small"])
-        self.figures["queries"][name]["in_process"] = {
-            "median_seconds": at_big, "baseline_median_seconds": at_small,
-            "ratio": at_big / at_small, "runs": times,
-        }
         self.report.add(
-            "3", "  same query in-process (open + query + close)",
-            f"{at_big * 1000:.1f} ms @{self.events:,}",
+            "3", f"  {what}", f"{at_big * 1000:.1f} ms @{self.events:,}",
             f"{at_small * 1000:.1f} ms @{self.small_events:,}", f"{at_big / at_small:.2f}x",
             "(info: no startup)",
         )
+        return {"median_seconds": at_big, "baseline_median_seconds": at_small,
+                "ratio": at_big / at_small, "runs": times}
 
     @staticmethod
     def _count_rows(stdout: str) -> int:
@@ -726,26 +733,15 @@ print(json.dumps({"position": position, "rebuild_seconds": rebuilt - started,
         imports (Ledger.open + submit + close here): what history itself costs."""
         from ledger.application import Ledger
 
-        times: dict[str, list[float]] = {"big": [], "small": []}
-        for _ in range(self.submit_runs):
-            for key, url in (("big", self.big_url), ("small", self.small_url)):
-                started = time.perf_counter()
-                with Ledger.open(url) as ledger:
-                    receipt = ledger.submit({"type": "heartbeat", "node": node})
-                times[key].append(time.perf_counter() - started)
-                if not receipt.ok:
-                    raise RuntimeError(f"in-process heartbeat {receipt.status}: {receipt.error}")
-        at_big, at_small = median(times["big"]), median(times["small"])
-        self.figures["submit_one"]["in_process"] = {
-            "median_seconds": at_big, "baseline_median_seconds": at_small,
-            "ratio": at_big / at_small, "runs": times,
-        }
-        self.report.add(
-            "3", "  same heartbeat in-process (Ledger.open + submit + close)",
-            f"{at_big * 1000:.1f} ms @{self.events:,}",
-            f"{at_small * 1000:.1f} ms @{self.small_events:,}", f"{at_big / at_small:.2f}x",
-            "(info: no startup)",
-        )
+
+        def once(url: str) -> None:
+            with Ledger.open(url) as ledger:
+                receipt = ledger.submit({"type": "heartbeat", "node": node})
+            if not receipt.ok:
+                raise RuntimeError(f"in-process heartbeat {receipt.status}: {receipt.error}")
+
+        self.figures["submit_one"]["in_process"] = self._in_process(
+            "same heartbeat in-process (Ledger.open + submit + close)", self.submit_runs, once)
 
     # -- 4. one-shot CLI
 
