@@ -1,69 +1,58 @@
-"""Properties over any stream of events, valid or not.
+"""Properties over any stream of events, valid or not (SQLite; the same on
+PostgreSQL in ``tests/integration/test_properties_pg.py``).
 
-- the application never raises, whatever it is fed;
-- a rejected or invalid event changes no projection row;
-- the projection tables equal a projection rebuilt from scratch by replaying the log;
-- ``--as-of P`` equals a store that received only the first P kept events.
+Streams come from ``model_support.scenarios``: ready nodes (some under a
+parent chain), then mostly placements, updates and heartbeats, with slot
+reports true and false, ids and retries, ``at`` out of order, shared
+addresses and slots, disconnects and reconnects, kills, and invalid input.
+For every such stream:
+
+- the application never raises, and answers every event appended,
+  duplicate, rejected or invalid, with the position and (for a rejection)
+  the rule that ``model_support.Model``, a small model of SPEC section 2
+  and the README's choices written apart from ``ledger.domain``, says;
+- after every batch the projection tables hold what the model says (node
+  status and health, allocations' client and desired status, who holds each
+  slot and address, alloc states, needs-reconnect, zombie slots, the
+  rejection log), and a batch that appended nothing changed no projection row;
+- ``alloc-ledger replay`` finds no difference, ``alloc-ledger verify`` passes;
+- ``--as-of P`` equals a store that received only the first P kept events,
+  ``--as-of TIME`` stops where the model says, and from a checkpoint equals
+  from scratch.
+
+``test_the_streams_reach_every_state_and_every_rejection`` measures, with a
+fixed seed and the model alone, that the streams get where they should.
 """
 
 from __future__ import annotations
 
 import sqlite3
 import tempfile
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, Phase, event, given, settings
 from hypothesis import strategies as st
+from model_support import (
+    INVALID_KINDS,
+    REASONS,
+    Model,
+    Scenario,
+    Step,
+    check_history,
+    normal_at,
+    replay_model,
+    run_checked,
+    scenarios,
+)
 
 from ledger.application import Ledger
 from projections import tables
 from projections.asof import AsOf, materialize, rebuild, state_at
 
-NODES = ["n1", "n2", "n3"]
-ALLOCS = ["a1", "a2", "a3", "a4"]
-ADDRESSES = ["10.0.0.1", "10.0.0.2"]
-
-node = st.sampled_from(NODES)
-alloc = st.sampled_from(ALLOCS)
-slot = st.integers(min_value=0, max_value=2)
-
-
-def event(kind: str, **fields: st.SearchStrategy[Any]) -> st.SearchStrategy[dict[str, Any]]:
-    return st.fixed_dictionaries({"type": st.just(kind), **fields})
-
-
-report = st.lists(
-    st.fixed_dictionaries({"slot": slot, "alloc": st.one_of(st.none(), alloc, st.just("ghost"))}),
-    max_size=3,
-)
-EVENTS = st.one_of(
-    event("node-registered", node=node, slots=st.integers(0, 2)),
-    event("node-registered", node=node, slots=st.integers(0, 2), parent=node),
-    event("heartbeat", node=node),
-    event("heartbeat", node=node, slots=report),
-    event("heartbeat-missed", node=node),
-    event("node-down", node=node),
-    event("node-removed", node=node),
-    event("node-suspected", node=node, reason=st.just("flaky disk")),
-    event("health-checked", node=node, passed=st.booleans()),
-    event("alloc-placed", alloc=alloc, node=node),
-    event("alloc-placed", alloc=alloc, node=node, slot=slot,
-          addresses=st.lists(st.sampled_from(ADDRESSES), max_size=1),
-          max_disconnect=st.sampled_from([0, 60])),
-    event("alloc-updated", alloc=alloc,
-          client_status=st.sampled_from(["pending", "running", "complete", "failed"]),
-          blame=st.sampled_from(["node", "alloc"])),
-    event("alloc-stop-requested", alloc=alloc),
-    event("alloc-remove-requested", alloc=alloc),
-    event("alloc-removed", alloc=alloc),
-    # malformed: unknown type, unknown field, wrong type
-    st.just({"type": "node-exploded", "node": "n1"}),
-    st.just({"type": "heartbeat", "node": "n1", "colour": "red"}),
-    st.just({"type": "node-registered", "node": "n1", "slots": "two"}),
-)
-
 PROJECTED = ("nodes", "slots", "allocations", "alloc_states", "addresses", "rejections")
+SLOW = [HealthCheck.too_slow, HealthCheck.data_too_large]
 
 
 def rows(connection: sqlite3.Connection) -> dict[str, list[tuple[Any, ...]]]:
@@ -78,51 +67,44 @@ def live_rows(path: Path) -> dict[str, list[tuple[Any, ...]]]:
         connection.close()
 
 
-def timed(stream: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Give every event its own ``at``, so two stores fed the same events agree."""
-    return [dict(item, at=f"2026-01-01T00:{i // 60:02d}:{i % 60:02d}Z") for i, item in enumerate(stream)]
+def label(model: Model) -> None:
+    """What this example reached, for ``--hypothesis-show-statistics``."""
+    for reached in sorted(model.reached):
+        event(reached)
 
 
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(st.lists(EVENTS, max_size=40), st.integers(1, 5))
-def test_any_stream_never_raises_and_projections_equal_a_replay(stream, batch):
+@settings(max_examples=150, deadline=None, suppress_health_check=SLOW)
+@given(scenarios(max_steps=60), st.integers(0, 1000))
+def test_every_event_agrees_with_the_model_and_a_replay(scenario: Scenario, moment: int) -> None:
     with tempfile.TemporaryDirectory() as directory:
         path = Path(directory) / "l.db"
-        with Ledger.open(f"sqlite:///{path}") as ledger:
-            receipts = list(ledger.submit_many(stream, batch=batch))
-            assert len(receipts) == len(stream)
-            kept = [r.position for r in receipts if r.status in ("appended", "rejected")]
-            assert kept == list(range(1, len(kept) + 1)), "positions are gapless from 1"
+
+        def finish(ledger: Ledger, model: Model) -> None:
+            check_history(ledger, model, moment)
             rebuilt, position = state_at(ledger.store, AsOf())
-            assert position == len(kept)
+            assert position == model.head
             assert rows(rebuilt) == live_rows(path)
 
-
-@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(st.lists(EVENTS, max_size=30))
-def test_rejected_and_invalid_events_change_no_projection(stream):
-    with tempfile.TemporaryDirectory() as directory:
-        path = Path(directory) / "l.db"
-        with Ledger.open(f"sqlite:///{path}") as ledger:
-            for item in stream:
-                before = live_rows(path)
-                receipt = ledger.submit(item)
-                after = live_rows(path)
-                if receipt.status == "invalid":
-                    assert receipt.position is None
-                    assert after == before
-                elif receipt.status == "rejected":
-                    assert after["rejections"][:-1] == before["rejections"]
-                    assert after["rejections"][-1][0] == receipt.position
-                    assert {t: r for t, r in after.items() if t != "rejections"} == {
-                        t: r for t, r in before.items() if t != "rejections"
-                    }
+        model = run_checked(f"sqlite:///{path}", scenario, finish=finish)
+    label(model)
 
 
-@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(st.lists(EVENTS, min_size=1, max_size=30), st.data())
-def test_as_of_p_equals_a_store_that_received_only_the_first_p_events(stream, data):
-    stream = timed(stream)
+def timed(scenario: Scenario) -> list[Any]:
+    """The scenario's submissions, every valid one with an ``at`` of its own in
+    order, so two stores fed the same events keep the same events."""
+    out = []
+    for i, step in enumerate(scenario.steps):
+        if step.event is None:
+            out.append(step.submission)
+        else:
+            out.append(dict(step.event, at=f"2026-01-01T00:{i // 60:02d}:{i % 60:02d}Z"))
+    return out
+
+
+@settings(max_examples=20, deadline=None, suppress_health_check=SLOW)
+@given(scenarios(max_steps=30), st.data())
+def test_as_of_p_equals_a_store_that_received_only_the_first_p_events(scenario, data):
+    stream = timed(scenario)
     with tempfile.TemporaryDirectory() as directory:
         whole = Path(directory) / "whole.db"
         with Ledger.open(f"sqlite:///{whole}") as ledger:
@@ -142,31 +124,95 @@ def test_as_of_p_equals_a_store_that_received_only_the_first_p_events(stream, da
         assert rows(as_of) == live_rows(part)
 
 
-def test_the_scratch_tables_have_the_documented_names():
-    connection = sqlite3.connect(":memory:")
-    tables.create(connection.cursor(), "sqlite")
-    names = {r[0] for r in connection.execute("SELECT name FROM sqlite_master")}
-    assert set(tables.TABLES) | set(tables.VIEWS) <= names
-
-
-@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(st.lists(EVENTS, min_size=1, max_size=40), st.data())
-def test_as_of_from_a_checkpoint_equals_as_of_from_scratch(stream, data):
-    stream = timed(stream)
+@settings(max_examples=15, deadline=None, suppress_health_check=SLOW)
+@given(scenarios(max_steps=40), st.data())
+def test_as_of_from_a_checkpoint_equals_as_of_from_scratch(scenario, data):
+    stream = timed(scenario)
     with (
         tempfile.TemporaryDirectory() as directory,
         Ledger.open(f"sqlite:///{Path(directory) / 'l.db'}") as ledger,
     ):
         list(ledger.submit_many(stream, batch=5))
         every = data.draw(st.integers(1, 7))
-        for point in (AsOf(position=data.draw(st.integers(0, 40))),
-                      AsOf(at=f"2026-01-01T00:00:{data.draw(st.integers(0, 45)):02d}.000000Z")):
+        second = data.draw(st.integers(0, len(stream) + 2))
+        for point in (AsOf(position=data.draw(st.integers(0, len(stream)))),
+                      AsOf(at=normal_at(f"2026-01-01T00:{second // 60:02d}:{second % 60:02d}Z"))):
             first, p1 = rebuild(ledger.store, point, every=every)  # keeps checkpoints
             again, p2 = rebuild(ledger.store, point, every=every)  # starts from one
             scratch, p3 = rebuild(ledger.store, point, every=0)
             assert p1 == p2 == p3
             assert rows(materialize(again)) == rows(materialize(scratch))
             assert rows(materialize(first)) == rows(materialize(scratch))
+
+
+# What the streams must reach, each in a fair share of examples: every state
+# of SPEC section 1, both sides of a disconnect, every zombie reason, every
+# rejection and kind of invalid input.
+MUST_REACH = (
+    "alloc running", "alloc unknown", "alloc lost", "alloc complete", "alloc failed",
+    "alloc removed", "reconnected", "node initializing, allocations to reconnect",
+    "node disconnected", "node down", "node removed", "node suspect", "down node back",
+    "cascade", "heartbeat of a node whose parent is gone", "lost at a disconnect",
+    "still unknown at a second disconnect", "address releasing", "two addresses held",
+    "zombie released", "zombie moved", "zombie unknown-alloc", "zombie duplicate",
+    "duplicate:id", "duplicate:placement", "at out of order", "suspect by a failed allocation",
+    *(f"rejected:{kind}" for kind in REASONS),
+    *(f"invalid:{kind}" for kind in INVALID_KINDS),
+)
+
+
+def test_the_streams_reach_every_state_and_every_rejection(capsys: Any) -> None:
+    """With a fixed seed, count the examples that reach each state (the model
+    alone decides, so this is quick), print the counts and require each."""
+    seen: Counter[str] = Counter()
+    examples = 200
+
+    @settings(max_examples=examples, derandomize=True, database=None, deadline=None,
+              phases=[Phase.generate], suppress_health_check=SLOW)
+    @given(scenarios())
+    def count(scenario: Scenario) -> None:
+        model, _ = replay_model(scenario)
+        seen.update(set(model.reached))
+        seen.update({f"invalid:{s.label}" for s in scenario.steps if s.event is None})
+
+    count()
+    with capsys.disabled():
+        print(f"\nexamples reaching each state, of {examples}:")
+        for name in MUST_REACH:
+            print(f"  {seen[name]:4d}  {name}")
+    missing = {name: seen[name] for name in MUST_REACH if seen[name] < 3}
+    assert not missing, f"reached in fewer than 3 of {examples} examples: {missing}"
+
+
+def test_a_retry_is_a_duplicate_of_the_first_answer(tmp_path: Path) -> None:
+    """The model's id rule on its own: an id answers as it did the first time,
+    whatever comes with it, also for a rejection; a placement retried without
+    an id is a duplicate of the placement."""
+    placed = {"type": "alloc-placed", "alloc": "a1", "node": "n1", "slot": 0,
+              "addresses": ["10.0.0.1", "10.0.0.2"]}
+    steps = [
+        {"type": "node-registered", "node": "n1", "slots": 1, "id": "r1"},
+        {"type": "heartbeat", "node": "n1"},
+        {"type": "heartbeat", "node": "n2", "id": "x"},  # rejected under id x
+        {"type": "node-registered", "node": "n2", "id": "x"},  # x again: duplicate
+        dict(placed, id="p"),
+        dict(placed, addresses=["10.0.0.2", "10.0.0.1"], id="q"),  # the same placement
+        {"type": "heartbeat", "node": "n1", "id": "q"},  # q was not recorded
+        {"type": "node-registered", "node": "n1", "slots": 5, "id": "r1"},
+    ]
+    scenario = Scenario([Step(s, s, "retry") for s in steps], [3], frozenset({1}))
+    model = run_checked(f"sqlite:///{tmp_path / 'l.db'}", scenario)
+    assert [o.status for o in replay_model(scenario)[1]] == [
+        "appended", "appended", "rejected", "duplicate", "appended", "duplicate", "appended",
+        "duplicate"]
+    assert model.head == 5
+
+
+def test_the_scratch_tables_have_the_documented_names():
+    connection = sqlite3.connect(":memory:")
+    tables.create(connection.cursor(), "sqlite")
+    names = {r[0] for r in connection.execute("SELECT name FROM sqlite_master")}
+    assert set(tables.TABLES) | set(tables.VIEWS) <= names
 
 
 def test_a_writer_that_forgets_its_cache_decides_alike(tmp_path, monkeypatch):

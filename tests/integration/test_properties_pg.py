@@ -1,0 +1,44 @@
+"""The property tests of ``tests/unit/test_properties.py`` on PostgreSQL:
+for any stream from ``model_support.scenarios``, every receipt and, after
+every batch, the projection tables agree with the model of the SPEC's
+rules; ``alloc-ledger replay`` finds no difference (the live tables and the
+writers' ``state_`` tables); ``verify`` passes.
+
+Each example gets a fresh schema, and a new ``Ledger`` (cold caches) after
+some batches. Writers keep the projection tables inline
+(``?projections=inline``) or leave them to ``project`` (the default
+``follow``), which then runs after every batch. Skipped without
+``ALLOC_LEDGER_TEST_PG`` (failed when ``ALLOC_LEDGER_REQUIRE_PG`` is set).
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, event, given, settings
+from hypothesis import strategies as st
+from model_support import Scenario, check_history, run_checked, scenarios
+
+pytestmark = pytest.mark.postgres
+
+
+@settings(max_examples=50, deadline=None, suppress_health_check=[
+    HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.function_scoped_fixture])
+@given(scenario=scenarios(), inline=st.booleans(), moment=st.integers(0, 1000))
+def test_every_event_agrees_with_the_model_and_a_replay_on_postgresql(
+    pg_dsn: str, pg_admin: Callable[[str], list[tuple[Any, ...]]],
+    scenario: Scenario, inline: bool, moment: int,
+) -> None:
+    schema = f"t_{uuid.uuid4().hex[:16]}"
+    options = f"schema={schema}" + ("&projections=inline" if inline else "")
+    url = f"{pg_dsn}{'&' if '?' in pg_dsn else '?'}{options}"
+    try:
+        model = run_checked(url, scenario, project=not inline,
+                            finish=lambda ledger, model: check_history(ledger, model, moment))
+    finally:
+        pg_admin(f"DROP SCHEMA IF EXISTS {schema} CASCADE")
+    for reached in sorted(model.reached):
+        event(reached)
