@@ -2,7 +2,8 @@
 for any stream from ``model_support.scenarios``, every receipt and, after
 every batch, the projection tables agree with the model of the SPEC's
 rules; ``alloc-ledger replay`` finds no difference (the live tables and the
-writers' ``state_`` tables); ``verify`` passes.
+writers' ``state_`` tables); ``verify`` passes; ``--as-of`` a position holds
+what the model held there.
 
 Each example gets a fresh schema, and a new ``Ledger`` (cold caches) after
 some batches. Writers keep the projection tables inline
@@ -20,7 +21,7 @@ from typing import Any
 import pytest
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
-from model_support import Scenario, check_history, run_checked, scenarios
+from model_support import Model, Scenario, check_as_of, check_history, run_checked, scenarios
 
 pytestmark = pytest.mark.postgres
 
@@ -36,8 +37,12 @@ def test_every_event_agrees_with_the_model_and_a_replay_on_postgresql(
     options = f"schema={schema}" + ("&projections=inline" if inline else "")
     url = f"{pg_dsn}{'&' if '?' in pg_dsn else '?'}{options}"
     try:
-        model = run_checked(url, scenario, project=not inline,
-                            finish=lambda ledger, model: check_history(ledger, model, moment))
+
+        def finish(ledger: Any, model: Model) -> None:
+            check_history(ledger, model, moment)
+            check_as_of(ledger, scenario, moment % (model.head + 1))
+
+        model = run_checked(url, scenario, project=not inline, finish=finish)
     finally:
         pg_admin(f"DROP SCHEMA IF EXISTS {schema} CASCADE")
     for reached in sorted(model.reached):
