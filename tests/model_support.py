@@ -936,7 +936,7 @@ class Generator:
             if holder is not None or self.pct(30):
                 table[index] = holder and holder.name
         entries = [{"slot": i, "alloc": a} for i, a in table.items()]
-        if not self.pct(55):
+        if not self.pct(65):
             return entries
         twist = self.pick(["moved", "duplicate", "released", "unknown", "moved", "duplicate",
                            "out of range", "twice"])
@@ -1212,7 +1212,7 @@ def scenarios(draw: st.DrawFn, min_steps: int = 10, max_steps: int = 50) -> Scen
         gen.emit({"type": "heartbeat", "node": name}, "heartbeat")
     for _ in range(draw(st.integers(min_steps, max_steps))):
         getattr(gen, draw(st.sampled_from(ACTIONS)))()
-    sizes = draw(st.lists(st.integers(1, 8), min_size=1, max_size=4))
+    sizes = draw(st.lists(st.integers(1, 8) | st.just(64), min_size=1, max_size=4))
     reopen = draw(st.sets(st.integers(0, 15), max_size=2))
     return Scenario(gen.steps, sizes, frozenset(reopen))
 
