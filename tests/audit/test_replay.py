@@ -145,7 +145,7 @@ def test_on_postgresql_replay_names_a_corrupted_decision_row(
 ) -> None:
     told(pg_under_test, 600)
     (alloc,) = pg_under_test.sql(
-        "SELECT alloc FROM state_allocations WHERE removed = 1 ORDER BY alloc LIMIT 1")[0]
+        "SELECT alloc FROM state_allocations ORDER BY removed DESC, alloc LIMIT 1")[0]
     pg_under_test.sql("UPDATE state_allocations SET job = 'forged' WHERE alloc = ?",
                       (alloc,))
     code, report, _ = replayed(pg_under_test)
