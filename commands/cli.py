@@ -115,13 +115,16 @@ class LedgerGroup(click.Group):
             ) from None
 
 
+STORE_GOES_FIRST = "--store goes before the command: alloc-ledger --store URL {} …"
+
+
 def one_line(error: click.UsageError, where: str) -> click.UsageError:
     """A usage error as one line, which points at the help of the command
     ``where`` (click would print the usage and a hint on lines of their own
     first)."""
     message = error.format_message()
     if isinstance(error, click.NoSuchOption) and error.option_name == "--store":
-        message += " (--store goes before the command: alloc-ledger --store URL COMMAND …)"
+        message += f" ({STORE_GOES_FIRST.format('COMMAND')})"
     return click.UsageError(f"{message} (see '{where} --help')")
 
 

@@ -15,7 +15,7 @@ from typing import IO, Any
 
 import click
 
-from commands.cli import store_of
+from commands.cli import STORE_GOES_FIRST, store_of
 from ledger.application import Ledger, Receipt
 from ledger.errors import InvalidEvent
 from ledger.events import EVENT_TYPES, TYPES_NAMED, fields_of, from_flags
@@ -112,8 +112,7 @@ def _pairs(args: list[str]) -> dict[str, str]:
                 raise click.UsageError(f"--{name} needs a value")
         field = name.replace("-", "_")
         if field == "store":
-            raise click.UsageError(
-                "--store goes before the command: alloc-ledger --store URL submit TYPE …")
+            raise click.UsageError(STORE_GOES_FIRST.format("submit TYPE"))
         if field == "type":
             raise click.UsageError("--type: the event type is the first argument (submit TYPE --field value)")
         if field in flags:

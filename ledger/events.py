@@ -227,8 +227,6 @@ def describe(error: ValidationError, tagged: bool = True) -> str:
             parts.append(f"field '{field}': must not contain a NUL character")
         elif kind == "string_pattern_mismatch":
             parts.append(f"field '{field}': must not contain '#' (it separates node and slot)")
-        elif kind == "timezone_aware":  # as --as-of and --now say it
-            parts.append(f"field '{field}': needs a time zone (Z or +hh:mm)")
         elif kind in ("model_type", "dict_type", "model_attributes_type") and not field:
             parts.append("an event must be a JSON object")
         else:
@@ -291,8 +289,7 @@ TYPES_NAMED = ", ".join(EVENT_TYPES)
 def fields_of(event_type: str) -> tuple[list[str], list[str]]:
     """The required and the optional fields of a type, ``type`` and the
     envelope (``id``, ``at``, ``source``) aside: for help texts."""
-    hints = get_type_hints(EVENT_TYPES[event_type], include_extras=True)
-    own = {n: h for n, h in hints.items() if n not in ("type", *Envelope.__annotations__)}
+    own = {n: h for n, h in field_types(event_type).items() if n not in Envelope.__annotations__}
     optional = [n for n, hint in own.items() if get_origin(hint) is NotRequired]
     return [n for n in own if n not in optional], optional
 
@@ -333,4 +330,4 @@ LIST_EXAMPLES = {"addresses": '["10.0.0.5"]', "slots": '[{"slot": 0, "alloc": "a
 
 def _is_text(annotation: Any) -> bool:
     text = repr(annotation)
-    return ("str" in text or "datetime" in text) and "list" not in text and "bool" not in text
+    return "str" in text and "list" not in text and "bool" not in text
