@@ -573,8 +573,8 @@ class _Simulation:
             self.schedule(self.after(0.1, low / 2), K_SUSPECT_RACE, node, node.epoch)
 
     def new_placement(self, node: Node) -> Body:
-        """A race's placement on a node that takes none: the ledger rejects
-        it, so its fresh id is never placed (and the model keeps nothing)."""
+        """A race's placement with a fresh id (on its first free slot, if any),
+        which the ledger rejects: the id is never placed, the model keeps nothing."""
         self.alloc_count += 1
         job = f"batch-{self.rng.randrange(self.jobs):03d}"
         body: dict[str, Any] = {"alloc": f"a{self.alloc_count:07d}", "node": node.name, "job": job}
@@ -590,15 +590,9 @@ class _Simulation:
                 continue
             held = [k for k, a in enumerate(node.table) if a is not None]
             if held:
-                self.alloc_count += 1
-                job = f"batch-{self.rng.randrange(self.jobs):03d}"
-                body = {
-                    "alloc": f"a{self.alloc_count:07d}",
-                    "node": node.name,
-                    "job": job,
-                    "slot": self.rng.choice(held),
-                }
-                return ("alloc-placed", body)
+                placed = self.new_placement(node)
+                placed[1]["slot"] = self.rng.choice(held)
+                return placed
         return None
 
     def flink_again_race(self) -> Body | None:
