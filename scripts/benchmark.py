@@ -754,8 +754,7 @@ try:
     code = 0
 except SystemExit as exit:
     code = exit.code
-sys.argv[1:1] = [names]
-packages, modules = (tuple(names.split(",")) for names in sys.argv[1].split(";"))
+packages, modules = (tuple(part.split(",")) for part in names.split(";"))
 loaded = sorted(m for m in sys.modules if m.split(".")[0] in packages or m in modules)
 print(json.dumps({"code": code if isinstance(code, int) else None, "loaded": loaded}))
 """
