@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta, timezone
 from typing import Any
 
+from hypothesis import event
 from hypothesis import strategies as st
 
 TERMINAL = frozenset({"complete", "failed", "lost"})
@@ -555,7 +556,7 @@ class Model:
                 "status": node.status, "health": node.health, "parent": node.parent,
                 "slots": node.slots, "allocs": len(live),
                 "slots_used": sum(1 for a in live if a.slot is not None),
-                "last_heartbeat_position": beat[0], "last_heartbeat_at": beat[1] or ANY,
+                "last_heartbeat_position": beat[0], "last_heartbeat_at": None if node.heartbeat is None else beat[1] or ANY,
                 "reason": node.reason, "health_reason": node.health_reason,
                 "lost_allocs": sorted(node.lost), "registered_position": node.registered,
                 "since_position": OneOf(node.since, node.since_suspected),
@@ -1196,8 +1197,14 @@ ACTIONS = (
 )
 
 
+def label(model: Model) -> None:
+    """What an example reached, for ``--hypothesis-show-statistics``."""
+    for reached in sorted(model.reached):
+        event(reached)
+
+
 @st.composite
-def scenarios(draw: st.DrawFn, min_steps: int = 10, max_steps: int = 50) -> Scenario:
+def scenarios(draw: st.DrawFn, max_steps: int = 50) -> Scenario:
     """A stream that starts with ready nodes (some under a parent chain), then
     mostly placements, updates and heartbeats, with some of everything else."""
     gen = Generator(draw)
@@ -1210,7 +1217,7 @@ def scenarios(draw: st.DrawFn, min_steps: int = 10, max_steps: int = 50) -> Scen
         gen.names += 1
     for name in gen.node_names():
         gen.emit({"type": "heartbeat", "node": name}, "heartbeat")
-    for _ in range(draw(st.integers(min_steps, max_steps))):
+    for _ in range(draw(st.integers(10, max_steps))):
         getattr(gen, draw(st.sampled_from(ACTIONS)))()
     sizes = draw(st.lists(st.integers(1, 8) | st.just(64), min_size=1, max_size=4))
     reopen = draw(st.sets(st.integers(0, 15), max_size=2))

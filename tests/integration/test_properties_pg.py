@@ -19,9 +19,17 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
-from hypothesis import HealthCheck, event, given, settings
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from model_support import Model, Scenario, check_as_of, check_history, run_checked, scenarios
+from model_support import (
+    Model,
+    Scenario,
+    check_as_of,
+    check_history,
+    label,
+    run_checked,
+    scenarios,
+)
 
 pytestmark = pytest.mark.postgres
 
@@ -45,5 +53,4 @@ def test_every_event_agrees_with_the_model_and_a_replay_on_postgresql(
         model = run_checked(url, scenario, project=not inline, finish=finish)
     finally:
         pg_admin(f"DROP SCHEMA IF EXISTS {schema} CASCADE")
-    for reached in sorted(model.reached):
-        event(reached)
+    label(model)

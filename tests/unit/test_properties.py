@@ -36,7 +36,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from hypothesis import HealthCheck, Phase, event, given, seed, settings
+from hypothesis import HealthCheck, Phase, given, seed, settings
 from hypothesis import strategies as st
 from model_support import (
     INVALID_KINDS,
@@ -46,6 +46,7 @@ from model_support import (
     Step,
     check_as_of,
     check_history,
+    label,
     normal_at,
     replay_model,
     run_checked,
@@ -70,12 +71,6 @@ def live_rows(path: Path) -> dict[str, list[tuple[Any, ...]]]:
         return rows(connection)
     finally:
         connection.close()
-
-
-def label(model: Model) -> None:
-    """What this example reached, for ``--hypothesis-show-statistics``."""
-    for reached in sorted(model.reached):
-        event(reached)
 
 
 @settings(max_examples=120, deadline=None, suppress_health_check=SLOW)
@@ -221,6 +216,10 @@ def test_the_scratch_tables_have_the_documented_names():
     tables.create(connection.cursor(), "sqlite")
     names = {r[0] for r in connection.execute("SELECT name FROM sqlite_master")}
     assert set(tables.TABLES) | set(tables.VIEWS) <= names
+    assert {  # SPEC section 5: the same names in both stores
+        "nodes", "allocations", "alloc_states", "slots", "addresses", "rejections",
+        "needs_reconnect", "zombie_slots",
+    } <= names
 
 
 def test_a_writer_that_forgets_its_cache_decides_alike(tmp_path, monkeypatch):
