@@ -77,6 +77,8 @@ def grant_reporting(ctx: click.Context, role: str) -> None:
     (needs_reconnect, zombie_slots); never the event log (stored_events,
     event_ids, event_hashes), tracking or the writers' state_* tables. The
     role must exist (CREATE ROLE grafana LOGIN PASSWORD '…'). PostgreSQL only.
+    Prints the schema: the role names the tables in it (ledger.nodes), or has
+    it on its path (ALTER ROLE grafana SET search_path = ledger, public).
 
     Example: alloc-ledger --store postgresql://ledger@db/ops grant-reporting grafana
     """
@@ -93,7 +95,7 @@ def grant_reporting(ctx: click.Context, role: str) -> None:
         granted = getattr(store, "grant_reporting")(role)  # noqa: B009 - PostgreSQL only
     finally:
         store.close()
-    line({"role": role, "select": granted})
+    line({"role": role, "schema": getattr(store, "schema"), "select": granted})  # noqa: B009
 
 
 @click.command()

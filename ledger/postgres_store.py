@@ -54,8 +54,9 @@ from projections import tables
 from projections.rows import ChangedRows, Statements
 
 # 2: the handoff tables (ledger.postgres_handoff); 3: handoff.inline;
-# 4: nodes.health_reason, zombie_slots (``projections.tables.upgrade``)
-SCHEMA_VERSION = 4
+# 4: nodes.health_reason, zombie_slots; 5: needs_reconnect.expired, no
+# zombie slots on removed nodes (``projections.tables.upgrade``)
+SCHEMA_VERSION = 5
 MARK = f"alloc-ledger schema {SCHEMA_VERSION}"
 MARKED = re.compile(r"alloc-ledger schema (\d+)")
 PAGE = 5000

@@ -32,7 +32,9 @@ from ledger.store import (
 )
 from projections import tables
 
-SCHEMA_VERSION = 2  # 2: nodes.health_reason, zombie_slots (``projections.tables.upgrade``)
+# 2: nodes.health_reason, zombie_slots; 3: needs_reconnect.expired, no
+# zombie slots on removed nodes (``projections.tables.upgrade``)
+SCHEMA_VERSION = 3
 MIN_SQLITE = (3, 33, 0)
 PAGE = 5000
 

@@ -204,6 +204,9 @@ class Auditor:
             affected.add(key)
         for alloc in changes.allocs:
             affected |= self.reporting.get(alloc.alloc, set())
+        for node in changes.nodes:  # a removed node's report is no zombie any more
+            if node.status == "removed":
+                affected |= {key for key in self.reports if key[0] == node.node}
         for key in sorted(affected):
             self._judge_slot(key, position, at)
 
@@ -225,6 +228,9 @@ class Auditor:
     def zombie_reason(self, key: tuple[str, int], alloc_id: str) -> str | None:
         """Why a reported slot is a zombie; the reasons of the ``zombie_slots`` view."""
         node, slot = key
+        reporter = self.cluster.nodes.get(node)
+        if reporter is not None and reporter.status == "removed":
+            return None
         alloc: Allocation | None = self.cluster.allocs.get(alloc_id)
         if alloc is None:
             return "unknown-alloc"

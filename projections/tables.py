@@ -12,11 +12,18 @@ TABLES = ("nodes", "slots", "allocations", "alloc_states", "addresses", "rejecti
 VIEWS = ("needs_reconnect", "zombie_slots")
 LIVE = "('pending','running','unknown')"
 TERMINAL = "('complete','failed','lost')"
+# The current time in the tables' text form (``ledger.model.timestamp``), to
+# the millisecond in SQLite, for the views' ``expired``.
+NOW_TEXT = {
+    "sqlite": "(strftime('%Y-%m-%dT%H:%M:%f', 'now') || '000Z')",
+    "postgresql": """to_char(now() AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"')""",
+}
 
 
-def create_statements(prefix: str = "") -> list[str]:
+def create_statements(prefix: str = "", dialect: str = "sqlite") -> list[str]:
     """DDL for every projection table and view; ``prefix`` names scratch copies."""
     p = prefix
+    now = NOW_TEXT[dialect]
     return [
         f"""CREATE TABLE IF NOT EXISTS {p}nodes (
             node TEXT PRIMARY KEY,
@@ -89,7 +96,9 @@ def create_statements(prefix: str = "") -> list[str]:
             at TEXT NOT NULL)""",
         f"""CREATE VIEW {p}needs_reconnect AS
             SELECT alloc, node, job, desired_status, unknown_since_position,
-                   unknown_since_at, deadline, max_disconnect
+                   unknown_since_at, deadline, max_disconnect,
+                   CASE WHEN deadline IS NULL THEN NULL
+                        WHEN deadline <= {now} THEN 1 ELSE 0 END AS expired
             FROM {p}allocations WHERE needs_reconnect = 1""",
         f"""CREATE VIEW {p}zombie_slots AS
             SELECT node, slot, alloc, reason, position FROM (
@@ -105,6 +114,7 @@ def create_statements(prefix: str = "") -> list[str]:
                     END AS reason,
                     s.reported_position AS position
                 FROM {p}slots s
+                JOIN {p}nodes n ON n.node = s.node AND n.status <> 'removed'
                 LEFT JOIN {p}allocations a ON a.alloc = s.reported_alloc
                 LEFT JOIN (
                     SELECT node, reported_alloc, COUNT(*) AS n FROM {p}slots
@@ -124,7 +134,7 @@ def view_exists_check(dialect: str, name: str) -> str:
 def create(cursor: object, dialect: str, prefix: str = "", indexes: bool = True) -> None:
     """Create the tables and (once) the views; ``indexes=False`` leaves the
     indexes to ``create_indexes``, for tables about to be filled in bulk."""
-    for statement in create_statements(prefix):
+    for statement in create_statements(prefix, dialect):
         if not indexes and statement.startswith("CREATE INDEX"):
             continue
         if dialect == "sqlite":  # there, only INTEGER PRIMARY KEY is the row id itself
@@ -140,9 +150,11 @@ def create(cursor: object, dialect: str, prefix: str = "", indexes: bool = True)
 # What a store made by an earlier version lacks; creating its tables and
 # views again leaves the ones there as they are. ``nodes.health_reason``:
 # rules 3. ``zombie_slots``: an allocation placed without a slot, reported on
-# two slots, is a duplicate (it was called moved).
+# two slots, is a duplicate (it was called moved); a removed node's last
+# report is no zombie (schema 3 on SQLite, 5 on PostgreSQL).
+# ``needs_reconnect.expired`` (schema 3 and 5).
 ADDED_COLUMNS = {"nodes": [("health_reason", "TEXT")]}
-CHANGED_VIEWS = ("zombie_slots",)
+CHANGED_VIEWS = ("zombie_slots", "needs_reconnect")
 
 
 def upgrade(cursor: Any, dialect: str, prefix: str = "") -> None:
@@ -159,7 +171,7 @@ def upgrade(cursor: Any, dialect: str, prefix: str = "") -> None:
                 cursor.execute(
                     f"ALTER TABLE {prefix}{table} ADD COLUMN IF NOT EXISTS {column} {kind}")
     for view in CHANGED_VIEWS:
-        statement = next(s for s in create_statements(prefix)
+        statement = next(s for s in create_statements(prefix, dialect)
                          if s.startswith(f"CREATE VIEW {prefix}{view} "))
         if dialect == "sqlite":
             cursor.execute(f"DROP VIEW IF EXISTS {prefix}{view}")

@@ -196,6 +196,12 @@ class ClusterStory:
             return self.ledger.store.head(cursor)
 
 
+@pytest.fixture(scope="session")
+def pg_dsn() -> str:
+    """The DSN of the test database (skip, or fail, as ``postgres_or_skip``)."""
+    return postgres_or_skip()
+
+
 @pytest.fixture(params=["sqlite", "postgresql"])
 def cluster(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[ClusterStory]:
     if request.param == "sqlite":

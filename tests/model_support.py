@@ -200,6 +200,8 @@ class Model:
         """(node, slot) -> (alloc, reason): the README's zombie reasons, in order."""
         found = {}
         for node in self.nodes.values():
+            if node.status == "removed":
+                continue  # its last report is no zombie: the node is gone
             counts = Counter(node.reported.values())
             for slot, name in node.reported.items():
                 alloc = self.allocs.get(name)

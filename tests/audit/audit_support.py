@@ -148,6 +148,15 @@ class StoreUnderTest:
         finally:
             connection.close()
 
+    def columns(self, relation: str) -> list[str]:
+        """The column names of a table or view, in order."""
+        connection = self.connect()
+        try:
+            cursor = connection.execute(f"SELECT * FROM {relation} WHERE 1 = 0")
+            return [d[0] for d in cursor.description]
+        finally:
+            connection.close()
+
 
 def sqlite_store(directory: Path, name: str = "ledger.db") -> StoreUnderTest:
     path = directory / name

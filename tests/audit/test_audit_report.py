@@ -103,6 +103,19 @@ def test_the_audit_tells_everything_unusual_in_the_story(story: StoreUnderTest) 
     }]
 
 
+def test_a_zombie_slot_is_cleared_when_its_node_is_removed(story: StoreUnderTest) -> None:
+    with Ledger.open(story.url) as ledger:
+        assert ledger.submit(json.dumps(
+            {"type": "node-removed", "node": "n1", "at": at(320)})).position == 21
+
+    report = audited(story)
+
+    assert [(z["alloc"], z["cleared_position"], z["seconds"], z["ongoing"])
+            for z in report["zombie_slots"]] == [("ghost", 12, 20.0, False),
+                                                 ("a1", 21, 70.0, False)]
+    assert story.sql("SELECT * FROM zombie_slots") == []
+
+
 def test_a_range_keeps_what_happened_or_was_still_going_in_it(story: StoreUnderTest) -> None:
     report = audited(story, "--from", "12", "--to", "14")
 

@@ -9,6 +9,7 @@ its position, as decided against tables that did not match the log.
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
 
 from audit_support import StoreUnderTest, one_line_error, run
@@ -149,24 +150,33 @@ def test_a_log_kept_under_rules_2_keeps_its_reasons_and_new_suspicions_follow_ru
 
 
 def made_by_the_last_version(target: StoreUnderTest) -> None:
-    """Turn a store back into what the version before this one made: no
-    ``nodes.health_reason``, the old ``zombie_slots``, the old schema mark."""
-    old_view = next(
-        s for s in tables.create_statements() if s.startswith("CREATE VIEW zombie_slots ")
-    ).replace("a.slot IS NOT NULL AND ", "")
+    """Turn a store back into what the first version made: no
+    ``nodes.health_reason``, the old ``zombie_slots`` (which counted removed
+    nodes' reports) and ``needs_reconnect`` (without ``expired``), the old
+    schema mark."""
+    statements = tables.create_statements(dialect=target.dialect)
+    old_zombies = next(s for s in statements if s.startswith("CREATE VIEW zombie_slots "))
+    old_zombies = re.sub(r"\n *JOIN nodes n ON [^\n]*", "", old_zombies).replace(
+        "a.slot IS NOT NULL AND ", "")
+    old_reconnects = next(s for s in statements if s.startswith("CREATE VIEW needs_reconnect "))
+    old_reconnects = re.sub(r",\s*CASE .* AS expired", "", old_reconnects, flags=re.DOTALL)
+    assert "nodes n" not in old_zombies and "expired" not in old_reconnects
     prefixes = [""] if target.dialect == "sqlite" else ["", "state_"]
     for prefix in prefixes:
-        target.sql(f"DROP VIEW {prefix}zombie_slots")
-        target.sql(old_view.replace("zombie_slots", f"{prefix}zombie_slots", 1)
-                   .replace(" slots s", f" {prefix}slots s")
-                   .replace(" allocations a", f" {prefix}allocations a")
-                   .replace("FROM slots", f"FROM {prefix}slots"))
+        for view, old_view in (("zombie_slots", old_zombies), ("needs_reconnect", old_reconnects)):
+            target.sql(f"DROP VIEW {prefix}{view}")
+            target.sql(old_view.replace(view, f"{prefix}{view}", 1)
+                       .replace(" slots s", f" {prefix}slots s")
+                       .replace(" allocations a", f" {prefix}allocations a")
+                       .replace("FROM slots", f"FROM {prefix}slots")
+                       .replace("FROM allocations", f"FROM {prefix}allocations"))
         target.sql(f"ALTER TABLE {prefix}nodes DROP COLUMN health_reason")
     if target.dialect == "sqlite":
         target.sql("PRAGMA user_version = 1")
     else:
         target.sql("COMMENT ON TABLE event_hashes IS 'alloc-ledger schema 3'")
         target.sql("GRANT SELECT ON zombie_slots TO PUBLIC")
+        target.sql("GRANT SELECT ON needs_reconnect TO PUBLIC")
 
 
 def test_a_store_of_the_last_version_is_upgraded_when_opened_and_replays_alike(
@@ -185,6 +195,7 @@ def test_a_store_of_the_last_version_is_upgraded_when_opened_and_replays_alike(
     zombies = "SELECT node, reason FROM zombie_slots ORDER BY node, slot"
     assert under_test.sql(zombies) == [  # the last version's view, before any open
         ("n1", "unknown-alloc"), ("n2", "moved"), ("n2", "moved")]
+    assert "expired" not in under_test.columns("needs_reconnect")
 
     assert kept(under_test, [
         {"type": "node-registered", "node": "n3"},
@@ -201,11 +212,13 @@ def test_a_store_of_the_last_version_is_upgraded_when_opened_and_replays_alike(
     replayed = run("replay", "--format", "json", url=under_test.url)
     assert replayed.returncode == 0, replayed.stderr
     assert json.loads(replayed.stdout)["differences"] == []
+    assert under_test.columns("needs_reconnect")[-1] == "expired"
     if under_test.dialect == "sqlite":
-        assert under_test.sql("PRAGMA user_version") == [(2,)]
+        assert under_test.sql("PRAGMA user_version") == [(3,)]
     else:
         assert under_test.sql(
-            "SELECT has_table_privilege('public', 'zombie_slots', 'SELECT')") == [(True,)]
+            "SELECT has_table_privilege('public', 'zombie_slots', 'SELECT'), "
+            "has_table_privilege('public', 'needs_reconnect', 'SELECT')") == [(True, True)]
 
 
 LOSSES = [

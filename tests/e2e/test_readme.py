@@ -1,11 +1,22 @@
-"""The README's table of events says what the models accept."""
+"""The README's table of events says what the models accept, and its SQL
+for reporting tools runs as written on both stores."""
 
 from __future__ import annotations
 
+import json
 import re
+import sqlite3
+import uuid
+from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from typing import Any
 
+import pytest
+
+from ledger.application import Ledger
 from ledger.events import EVENT_TYPES, fields_of
+from scripts.simulate import generate
 
 README = Path(__file__).resolve().parents[2] / "README.md"
 
@@ -20,3 +31,100 @@ def test_the_readme_lists_every_event_type_with_its_fields():
         listed[kind.strip(" `")] = (re.findall(r"`(\w+)`", required),
                                     re.findall(r"`(\w+)`", optional))
     assert listed == {kind: fields_of(kind) for kind in EVENT_TYPES}
+
+
+# -- the SQL for reporting tools runs as written, on both stores ----------------------
+
+SPREAD = timedelta(seconds=0.3)  # the history's events 0.3 s apart: 15 minutes of 3,000
+START = datetime(2026, 1, 1, tzinfo=UTC)
+
+
+def sql_blocks() -> tuple[list[str], dict[str, tuple[str, str]]]:
+    """The README's portable statements, and its table of the SQL that
+    differs (what it is for -> the SQLite form, the PostgreSQL form)."""
+    text = README.read_text(encoding="utf-8")
+    portable = text[text.index("Queries that run unchanged on both stores"):]
+    block = portable.split("```sql\n", 1)[1].split("\n```", 1)[0]
+    statements = [s.strip() for s in re.sub(r"--[^\n]*", "", block).split(";") if s.strip()]
+    table = text[text.index("| to | SQLite | PostgreSQL |"):].split("\n\n", 1)[0]
+    differing = {}
+    for row in table.splitlines()[2:]:
+        purpose, sqlite_form, pg_form = (cell.strip() for cell in row.strip("|").split(" | "))
+        differing[purpose] = tuple(
+            re.fullmatch(r"`(.*)`", cell)[1].replace("\\|", "|")  # type: ignore[index]
+            for cell in (sqlite_form, pg_form))
+    return statements, differing
+
+
+def spread_history() -> list[str]:
+    lines = []
+    for n, event in enumerate(generate(3000, nodes=30, slots=3, seed=4)):
+        event["at"] = (START + n * SPREAD).isoformat().replace("+00:00", "Z")
+        lines.append(json.dumps(event))
+    return lines
+
+
+@pytest.fixture(scope="module")
+def two_stores(
+    tmp_path_factory: pytest.TempPathFactory, pg_dsn: str
+) -> Iterator[dict[str, Any]]:
+    """The same history in a SQLite file and a PostgreSQL schema, each read
+    with its own driver, as a reporting tool would."""
+    dsn = pg_dsn
+    path = tmp_path_factory.mktemp("readme") / "ledger.db"
+    schema = f"t_{uuid.uuid4().hex[:16]}"
+    urls = [f"sqlite:///{path}",
+            f"{dsn}{'&' if '?' in dsn else '?'}schema={schema}&projections=inline"]
+    history = spread_history()
+    for url in urls:
+        with Ledger.open(url) as ledger:
+            assert sum(r.status == "invalid" for r in ledger.submit_many(history)) == 0
+    import psycopg
+
+    lite = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+    pg = psycopg.connect(dsn, autocommit=True)
+    pg.execute(f"SET search_path TO {schema}")
+    try:
+        yield {"sqlite": lite, "postgresql": pg}
+    finally:
+        lite.close()
+        pg.execute(f"DROP SCHEMA {schema} CASCADE")
+        pg.close()
+
+
+def answers(connection: Any, statement: str) -> list[tuple[Any, ...]]:
+    return [tuple(row) for row in connection.execute(statement).fetchall()]
+
+
+def test_the_readme_s_portable_sql_gives_the_same_answers_on_both_stores(two_stores):
+    statements, _ = sql_blocks()
+    assert len(statements) == 5
+
+    found = [(answers(two_stores["sqlite"], s), answers(two_stores["postgresql"], s))
+             for s in statements]
+
+    for statement, (lite, pg) in zip(statements, found, strict=True):
+        assert lite == pg, statement
+        assert lite, f"nothing to compare: {statement}"
+    in_range = [at for (at,) in answers(two_stores["sqlite"], "SELECT at FROM alloc_states")
+                if timedelta(minutes=5) <= datetime.fromisoformat(at) - START
+                < timedelta(minutes=10)]
+    assert found[0][0] == [(len(in_range),)]  # the text comparison is the time comparison
+
+
+def test_the_readme_s_table_of_differing_sql_means_the_same_on_both_stores(two_stores):
+    _, differing = sql_blocks()
+    asked = {  # what each row is for -> a statement around its forms
+        "seconds since 1970": "SELECT {} FROM alloc_states ORDER BY alloc, position",
+        "current time": "SELECT alloc FROM allocations WHERE {} ORDER BY alloc",
+        "field of a JSON column": "SELECT {} FROM rejections ORDER BY position",
+        "count a JSON list": "SELECT node, {} FROM nodes ORDER BY node",
+    }
+    for purpose, (sqlite_form, pg_form) in differing.items():
+        template = next(t for key, t in asked.items() if key in purpose)
+        lite = answers(two_stores["sqlite"], template.format(sqlite_form))
+        pg = answers(two_stores["postgresql"], template.format(pg_form))
+        if "seconds" in purpose:  # SQLite's are whole seconds
+            pg = [(int(value),) for (value,) in pg]
+        assert lite == pg and lite, purpose
+    assert len(differing) == len(asked)

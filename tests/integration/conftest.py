@@ -201,11 +201,3 @@ def pg_admin() -> Callable[[str], list[tuple[Any, ...]]]:
         without_pg()
     return run_admin
 
-
-@pytest.fixture(name="pg_dsn")
-def pg_dsn_fixture() -> str:
-    dsn = pg_dsn()
-    if dsn is None:
-        without_pg()
-    assert dsn is not None
-    return dsn

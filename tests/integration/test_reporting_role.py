@@ -63,10 +63,11 @@ def as_role(pg_dsn, pg_schema, role) -> Iterator[Any]:
 
 
 @pytest.fixture
-def granted(ledger_url, role, alloc_ledger) -> str:
+def granted(ledger_url, role, alloc_ledger, pg_schema) -> str:
     result = alloc_ledger("grant-reporting", role, url=ledger_url)
     assert result.returncode == 0, result.stderr
-    assert json.loads(result.stdout) == {"role": role, "select": PROJECTIONS + VIEWS}
+    assert json.loads(result.stdout) == {
+        "role": role, "schema": pg_schema, "select": PROJECTIONS + VIEWS}
     return role
 
 

@@ -6,6 +6,7 @@ health-checked. The ``cluster`` fixture is in ``tests/conftest.py``.
 from __future__ import annotations
 
 import json
+from datetime import UTC, datetime, timedelta
 
 import pytest
 
@@ -247,6 +248,28 @@ def test_an_allocation_that_was_removed_is_a_released_zombie(cluster, end):
     assert cluster.slot_state("n1", 0) == ("active", "a2")
 
 
+@pytest.mark.parametrize("gone", ["node-removed", "node-down"])
+def test_a_removed_node_s_last_report_is_no_zombie_but_a_down_node_s_is(cluster, gone):
+    """README: a removed node is gone, and its later reports are refused, so
+    what it last reported would stay a zombie for ever; a node that is down
+    may come back with the same slots."""
+    cluster.ready_node("n1", slots=2)
+    cluster.running("a1", "n1", slot=0)
+    cluster.report("a1", "complete")
+    position = cluster.happens("heartbeat", node="n1", slots=[
+        {"slot": 0, "alloc": "a1"}, {"slot": 1, "alloc": "ghost"}])
+    assert [(z["slot"], z["reason"]) for z in zombies(cluster)] == [
+        (0, "released"), (1, "unknown-alloc")]
+
+    cluster.happens(gone, node="n1")
+
+    expected = [] if gone == "node-removed" else [(0, "released"), (1, "unknown-alloc")]
+    assert [(z["slot"], z["reason"]) for z in zombies(cluster)] == expected
+    assert [(row["reported_alloc"], row["reported_position"]) for row in cluster.rows(
+        "SELECT reported_alloc, reported_position FROM slots ORDER BY slot")] == [
+        ("a1", position), ("ghost", position)]  # the slot table keeps what it said
+
+
 def test_a_slot_report_replaces_the_last_reported_table(cluster):
     cluster.ready_node("n1", slots=3)
     cluster.happens(
@@ -324,6 +347,27 @@ def test_the_deadline_is_the_disconnect_plus_max_disconnect_in_one_text_form(
 
     assert cluster.one("SELECT deadline FROM allocations WHERE alloc = ?", "a1") == {
         "deadline": deadline}
+
+
+def test_the_view_says_whether_the_deadline_has_passed_by_the_clock(cluster):
+    """SPEC §3: ``expired`` is deadline <= now; the view, which has no
+    ``--now``, reads the database's clock."""
+    now = datetime.now(UTC)
+    disconnects = {  # node: (at, max_disconnect)
+        "n1": (now - timedelta(hours=2), 60),  # long past
+        "n2": (now - timedelta(seconds=1), 0),  # a second ago
+        "n3": (now + timedelta(minutes=1), 0),  # a minute ahead
+        "n4": (now - timedelta(seconds=30), 3600),  # in an hour
+    }
+    for node, (at, seconds) in disconnects.items():
+        cluster.ready_node(node, slots=1)
+        cluster.running(f"a-{node}", node, slot=0, max_disconnect=seconds)
+        cluster.happens("heartbeat-missed", node=node, at=at.isoformat())
+
+    found = cluster.rows("SELECT alloc, expired FROM needs_reconnect ORDER BY alloc")
+
+    assert found == [{"alloc": "a-n1", "expired": 1}, {"alloc": "a-n2", "expired": 1},
+                     {"alloc": "a-n3", "expired": 0}, {"alloc": "a-n4", "expired": 0}]
 
 
 def test_an_allocation_waiting_for_its_node_keeps_its_slot_and_addresses(cluster):
