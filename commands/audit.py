@@ -12,10 +12,21 @@ from commands.output import chosen, emit, emit_object, format_option
 from ledger.chain import Digest, current_digest
 from ledger.chain import verify as verify_chain
 from ledger.errors import LedgerError
+from projections.asof import is_position
 from projections.audit import COLUMNS as AUDIT_COLUMNS
 from projections.audit import SECTIONS
 from projections.audit import audit as audit_history
 from projections.replay import replay as replay_projections
+
+
+class Position(click.IntRange):
+    """A position: digits 0-9 only (``int`` would take ``0_3`` and other
+    scripts' digits)."""
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        if isinstance(value, str) and not is_position(value.strip()):
+            self.fail(f"{value!r} is not a position (digits 0-9)", param, ctx)
+        return super().convert(value, param, ctx)
 
 
 class DigestType(click.ParamType):  # type: ignore[type-arg]  # generic from click 8.2 on
@@ -32,7 +43,7 @@ class DigestType(click.ParamType):  # type: ignore[type-arg]  # generic from cli
 
 @click.command()
 @click.option(
-    "--to", "to", type=click.IntRange(min=0), metavar="POSITION",
+    "--to", "to", type=Position(min=0), metavar="POSITION",
     help="Replay up to this position and compare with the as-of state there "
     "(default: compare with the live tables).",
 )
@@ -107,9 +118,9 @@ def digest(ctx: click.Context, fmt: str) -> None:
 
 
 @click.command()
-@click.option("--from", "start", type=click.IntRange(min=1), metavar="POSITION",
+@click.option("--from", "start", type=Position(min=1), metavar="POSITION",
               help="First position of the range (default: 1).")
-@click.option("--to", "end", type=click.IntRange(min=0), metavar="POSITION",
+@click.option("--to", "end", type=Position(min=0), metavar="POSITION",
               help="Last position of the range (default: the head).")
 @click.option(
     "--format", "fmt", type=click.Choice(("table", "json", "jsonl")), default=None,

@@ -152,14 +152,22 @@ def allocs(
     Example: alloc-ledger query alloc a1""")
 @click.argument("alloc_id", metavar="ALLOC")
 def alloc(ctx: click.Context, as_of: str | None, fmt: str | None, alloc_id: str) -> None:
+    _named_entity(alloc_id, "ALLOC", "an allocation id")
     with answering(ctx, as_of) as (q, position):
         found = q.alloc(alloc_id)
-        if found is None:
-            when = "" if position is None else f" at position {position}"
-            raise click.ClickException(f"allocation {alloc_id} is not in the ledger{when}")
     with opened(ctx) as store:
-        found["history"] = history_of(store, alloc_id, position)
+        history = history_of(store, alloc_id, position)
+    if found is None:
+        when = "" if position is None else f" at position {position}"
+        also = (f" (events name it: alloc-ledger query history {alloc_id})" if history else "")
+        raise click.ClickException(f"allocation {alloc_id} is not in the ledger{when}{also}")
+    found["history"] = history
     emit_object(found, fmt)
+
+
+def _named_entity(name: str, hint: str, what: str) -> None:
+    if not name.strip():
+        raise click.BadParameter(f"{what} is needed, not an empty text", param_hint=hint)
 
 
 @_named("addresses", """Held addresses: held, or releasing once a stop or removal is requested.
@@ -191,6 +199,7 @@ def rejections(ctx: click.Context, as_of: str | None, fmt: str | None) -> None:
     Example: alloc-ledger query history n1#0""")
 @click.argument("entity")
 def history(ctx: click.Context, as_of: str | None, fmt: str | None, entity: str) -> None:
+    _named_entity(entity, "ENTITY", "a node, allocation, slot (n1#0) or address")
     point = _point(as_of)
     with opened(ctx) as store:
         upto = None
@@ -199,7 +208,8 @@ def history(ctx: click.Context, as_of: str | None, fmt: str | None, entity: str)
             upto = point.position if point.at is None else rebuild(store, point)[1]
         found = history_of(store, entity, upto)
     if not found:  # a mistyped name must not read as a quiet history
-        raise click.ClickException(f"no event or rejection names {entity}")
+        when = "" if upto is None else f" at position {upto}"
+        raise click.ClickException(f"no event or rejection names {entity}{when}")
     emit(found, COLUMNS["history"], fmt)
 
 

@@ -66,7 +66,7 @@ class Verification:
     """What recomputing the chain found."""
 
     head: int  # the log's head
-    verified: int  # the last position whose chain hash matches (``head`` when all do)
+    verified: int  # up to here every hash and id matches (``head`` when all do)
     hash: str  # the recomputed hash at ``verified``
     seconds: float
     position: int | None = None  # the first position that does not match
@@ -112,18 +112,16 @@ class IdsCheck:
         self.pending: list[tuple[int, str]] = []
         self.seen = 0
 
-    def see(self, position: int, state: bytes) -> Break | None:
+    def see(self, position: int, state: bytes) -> None:
+        """Note the id of a kept event, to be checked by the next ``flush``."""
         if b'"id":' not in state:  # how the kept JSON writes the key, if the event has one
-            return None
+            return
         try:
             client = orjson.loads(state)["event"].get("id")
         except (ValueError, LookupError, TypeError, AttributeError):
-            return None  # its bytes are what the chain vouches for; replay names it unreadable
+            return  # its bytes are what the chain vouches for; replay names it unreadable
         if isinstance(client, str):
             self.pending.append((position, client))
-            if len(self.pending) >= PAGE:
-                return self.flush()
-        return None
 
     def flush(self) -> Break | None:
         if not self.pending:
@@ -159,19 +157,35 @@ class ChainCheck:
         self.ids = ids
         self.previous = GENESIS
         self.checked = 0
+        # the hashes of the positions whose ids are not checked yet, and of the one before
+        self.unchecked: dict[int, str] = {0: GENESIS}
 
     def run(
-        self, events: Iterable[tuple[int, str, bytes]], hashes: Iterable[tuple[int, str]]
+        self, events: Iterable[tuple[int, str | None, bytes | None]],
+        hashes: Iterable[tuple[int, str]],
     ) -> Break | None:
         """The first break of the chain or of the id index, by position."""
         found = self._walk(events, hashes)
         if self.ids is None:
             return found
-        earlier = self.ids.flush()  # ids still pending are at positions the chain verified
+        earlier = self._check_ids()  # ids still pending are at positions the chain verified
         return earlier or found or self.ids.extra()
 
+    def _check_ids(self) -> Break | None:
+        """Check the ids seen since the last check; at a break, what is verified
+        ends before its position, which the chain had passed."""
+        assert self.ids is not None
+        broken = self.ids.flush()
+        if broken is not None and broken.position is not None:
+            self.checked = broken.position - 1
+            self.previous = self.unchecked[self.checked]
+            return broken
+        self.unchecked = {self.checked: self.previous}
+        return broken
+
     def _walk(
-        self, events: Iterable[tuple[int, str, bytes]], hashes: Iterable[tuple[int, str]]
+        self, events: Iterable[tuple[int, str | None, bytes | None]],
+        hashes: Iterable[tuple[int, str]],
     ) -> Break | None:
         kept = iter(hashes)
         stored = next(kept, None)
@@ -187,6 +201,9 @@ class ChainCheck:
                 return self._orphan_hash(stored[0])
             if stored is None or stored[0] > position:
                 return Break(position, f"position {position} has no chain hash")
+            if topic is None or state is None:
+                return Break(position, f"the event at position {position} has no "
+                             f"{'topic' if topic is None else 'state'} (edited)")
             recomputed = link(self.previous, position, topic, state)
             if recomputed != stored[1]:
                 return Break(
@@ -194,10 +211,13 @@ class ChainCheck:
                     f"the event at position {position} does not match its chain hash "
                     "(edited, inserted, moved, or its hash altered)",
                 )
-            if self.ids is not None and (broken := self.ids.see(position, state)) is not None:
-                return broken
             self.previous = recomputed
             self.checked = position
+            if self.ids is not None:
+                self.ids.see(position, state)
+                self.unchecked[position] = recomputed
+                if len(self.unchecked) > PAGE and (broken := self._check_ids()) is not None:
+                    return broken
             found = self._against_digest(position, recomputed)
             if found is not None:
                 return found
@@ -261,7 +281,8 @@ def verify(store: Store, digest: Digest | None = None) -> Verification:
         check = ChainCheck(digest, IdsCheck(store, cursor))
         head = store.head(cursor)
         events = (
-            (e.originator_version, e.topic, bytes(e.state)) for e in store.read_log(0, head)
+            (e.originator_version, e.topic, None if e.state is None else bytes(e.state))
+            for e in store.read_log(0, head)
         )
         found = check.run(events, kept_hashes(store, cursor))
     seconds = time.perf_counter() - started
@@ -273,15 +294,27 @@ def verify(store: Store, digest: Digest | None = None) -> Verification:
 
 
 def current_digest(store: Store) -> Digest:
-    """The head of the log and its kept chain hash."""
+    """The head of the log and its kept chain hash, once the last link
+    checks out: the hash before it and the head's event hash to it (a
+    digest kept elsewhere must be one the log can match)."""
     with store.reading() as cursor:
         head = store.head(cursor)
         if head == 0:
             return Digest(0, GENESIS)
         kept = store.hash_at(cursor, head)
-    if kept is None:
+        before = GENESIS if head == 1 else store.hash_at(cursor, head - 1)
+        last = next(iter(store.read_log(head - 1, head)), None)
+    if kept is None or before is None or last is None:
+        where = head if kept is None else head - 1
         raise LedgerError(
-            f"position {head} has no chain hash; run `alloc-ledger verify` to see where "
+            f"position {where} has no chain hash; run `alloc-ledger verify` to see where "
             "the log was tampered with"
+        )
+    state = None if last.state is None else bytes(last.state)
+    if last.topic is None or state is None or link(before, head, last.topic, state) != kept:
+        raise LedgerError(
+            f"the chain hash kept for position {head} does not follow from the event there "
+            "and the hash before it; run `alloc-ledger verify` to see where the log was "
+            "tampered with"
         )
     return Digest(head, kept)

@@ -479,11 +479,13 @@ class PostgresStore:
 
     def _page(self, after: int, upto: int | None) -> list[StoredEvent]:
         cursor = getattr(self._local, "cursor", None)
+        if cursor is None:
+            with self.reading():  # a page in a transaction of its own
+                return self._page(after, upto)
         try:
-            if cursor is None:
-                return list(self.recorder.select_events(self.stream, gt=after, lte=upto, limit=PAGE))
+            # A state set to NULL by hand reads as no bytes, which verify names.
             cursor.execute(
-                "SELECT originator_version, topic, state FROM stored_events "
+                "SELECT originator_version, topic, COALESCE(state, ''::bytea) FROM stored_events "
                 "WHERE originator_id = %s AND originator_version > %s "
                 "AND originator_version <= %s ORDER BY originator_version LIMIT %s",
                 (self.stream, after, upto if upto is not None else 2**62, PAGE),
@@ -497,7 +499,7 @@ class PostgresStore:
 
     def search_log(self, cursor: Any, needle: str) -> list[tuple[int, str, bytes]]:
         cursor.execute(
-            "SELECT originator_version, topic, state FROM stored_events "
+            "SELECT originator_version, topic, COALESCE(state, ''::bytea) FROM stored_events "
             "WHERE originator_id = %s AND position(%s::bytea IN state) > 0 "
             "ORDER BY originator_version",
             (self.stream, needle.encode()),

@@ -70,7 +70,7 @@ def decode(stored: Kept) -> Record:
             rules_of(state, stored.originator_version),
         )
     except (ValueError, LookupError, TypeError) as error:
-        raise unreadable(stored, error) from None
+        raise unreadable(stored.originator_version, error) from None
 
 
 def replay(cluster: Cluster, record: Record) -> None:
@@ -82,6 +82,8 @@ def replay(cluster: Cluster, record: Record) -> None:
         cluster.apply(record.event, record.fact)
     except RuleViolation as violation:
         raise refused(record.position, violation) from None
+    except (ValueError, LookupError, TypeError) as error:  # its type or a field edited
+        raise unreadable(record.position, error) from None
 
 
 @dataclass(slots=True)
@@ -126,7 +128,7 @@ def replay_log(
                 max_at = at
     except (ValueError, LookupError, TypeError) as error:
         # a kept event that is not as it was kept: the log was edited
-        raise unreadable(stored, error) from None
+        raise unreadable(None if stored is None else stored.originator_version, error) from None
     except RuleViolation as violation:
         assert stored is not None
         raise refused(stored.originator_version, violation) from None
@@ -171,9 +173,9 @@ def refused(position: int, violation: RuleViolation) -> LedgerError:
     )
 
 
-def unreadable(stored: Kept | None, error: Exception) -> LedgerError:
+def unreadable(position: int | None, error: Exception) -> LedgerError:
     """A kept event that is not as it was kept: the log was edited (or a bug)."""
-    where = "a kept event" if stored is None else f"the kept event at position {stored.originator_version}"
+    where = "a kept event" if position is None else f"the kept event at position {position}"
     return LedgerError(
         f"{where} cannot be read ({type(error).__name__}: {error}); "
         "alloc-ledger verify checks whether the log was edited"

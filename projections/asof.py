@@ -10,7 +10,14 @@ from dataclasses import dataclass
 from ledger.collection import fewer_collections
 from ledger.domain import Cluster
 from ledger.errors import BadOption, OutOfRange
-from ledger.model import EXAMPLE_TIME, NEEDS_ZONE, OUT_OF_YEARS, rfc3339, timestamp
+from ledger.model import (
+    EXAMPLE_TIME,
+    NEEDS_ZONE,
+    NOT_RFC3339,
+    OUT_OF_YEARS,
+    rfc3339,
+    timestamp,
+)
 from ledger.records import Progress, replay_log
 from ledger.store import Store
 from projections import checkpoints, tables
@@ -36,9 +43,15 @@ class AsOf:
 
     @classmethod
     def parse(cls, text: str, option: str = "--as-of") -> AsOf:
-        if text.isdigit():
+        if is_position(text):
             return cls(position=int(text))
         return cls(at=moment_of(text, option, "is neither a position nor an RFC 3339 timestamp"))
+
+
+def is_position(text: str) -> bool:
+    """Whether an option's value is a position: ASCII digits only (``int``
+    would also take ``0_3`` and other scripts' digits)."""
+    return text.isascii() and text.isdigit()
 
 
 def moment_of(text: str, option: str, not_a_time: str = "is not an RFC 3339 time") -> str:
@@ -46,8 +59,14 @@ def moment_of(text: str, option: str, not_a_time: str = "is not an RFC 3339 time
     try:
         moment = rfc3339(text)
     except ValueError as error:
-        why = NEEDS_ZONE if str(error) == NEEDS_ZONE else f"{not_a_time} (e.g. {EXAMPLE_TIME})"
-        raise BadOption(option, f"{text!r} {why}") from None
+        problem = str(error)
+        if problem == NEEDS_ZONE:
+            why = f" {NEEDS_ZONE}"
+        elif problem == NOT_RFC3339:
+            why = f" {not_a_time} (e.g. {EXAMPLE_TIME})"
+        else:  # of RFC 3339's form, but a field is out of range
+            why = f": {problem}"
+        raise BadOption(option, f"{text!r}{why}") from None
     try:
         return timestamp(moment)
     except OverflowError:

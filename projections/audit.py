@@ -154,7 +154,7 @@ class Auditor:
             episodes.clear()
         for row in self.found["reconnects"]:
             waited, limit = row["seconds"], row["max_disconnect"]
-            row["past_deadline"] = None if waited is None or limit is None else waited > limit
+            row["past_deadline"] = None if waited is None or limit is None else waited >= limit
         return {
             name: [{column: row.get(column) for column in COLUMNS[name]} for row in rows]
             for name, rows in self.found.items()

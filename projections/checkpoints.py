@@ -3,11 +3,19 @@
 Every ``EVERY`` positions an as-of replay passes, it keeps the whole
 replayed state (compressed) with the position and the latest ``at`` so far.
 They are a cache derived from the log: deleting them loses nothing.
+
+Each is bound to the log: its ``hash`` covers the chain hash kept for its
+position and its own bytes. One that does not match (its state edited,
+copied from another ledger, or the log under it rewritten) or cannot be
+read is not used, and is dropped where the role may, so the next replay
+past it keeps a good one. Like the chain, this catches careless tampering;
+anyone who can write the database can also recompute the hash.
 """
 
 from __future__ import annotations
 
 import zlib
+from hashlib import sha256
 from typing import Any
 
 import orjson
@@ -23,43 +31,93 @@ def _table(store: Store) -> str:
     blob = "BYTEA" if store.dialect != "sqlite" else "BLOB"
     return (
         "CREATE TABLE IF NOT EXISTS checkpoints ("
-        f"position BIGINT PRIMARY KEY, max_at TEXT NOT NULL, state {blob} NOT NULL)"
+        f"position BIGINT PRIMARY KEY, max_at TEXT NOT NULL, state {blob} NOT NULL, hash TEXT)"
     )
+
+
+def _hash_column(store: Store, cursor: Any) -> None:
+    """A table an earlier release made has no ``hash``: its rows are never used."""
+    if store.dialect != "sqlite":
+        cursor.execute("ALTER TABLE checkpoints ADD COLUMN IF NOT EXISTS hash TEXT")
+        return
+    cursor.execute("SELECT 1 FROM pragma_table_info('checkpoints') WHERE name = 'hash'")
+    if cursor.fetchone() is None:
+        cursor.execute("ALTER TABLE checkpoints ADD COLUMN hash TEXT")
+
+
+def bound(chain_hash: str | None, state: bytes) -> str | None:
+    """The hash binding a checkpoint's state to the log at its position."""
+    if chain_hash is None:
+        return None
+    return sha256(chain_hash.encode() + b"\n" + state).hexdigest()
 
 
 def nearest(store: Store, position: int | None, at: str | None) -> tuple[Cluster, int, str] | None:
-    """The latest checkpoint at or before a position (or wholly at or before a time)."""
+    """The latest good checkpoint at or before a position (or wholly at or
+    before a time); a bad one is passed over (and dropped, where allowed)."""
     p = store.param
-    where, bound = (
+    where, bound_value = (
         (f"position <= {p}", position) if position is not None else (f"max_at <= {p}", at)
     )
+    below: int | None = None
+    while True:
+        try:
+            with store.reading() as cursor:
+                cursor.execute(
+                    f"SELECT position, max_at, state, hash FROM checkpoints WHERE {where}"
+                    + ("" if below is None else f" AND position < {p}")
+                    + " ORDER BY position DESC LIMIT 1",
+                    (bound_value,) if below is None else (bound_value, below),
+                )
+                row = cursor.fetchone()
+                if row is None:
+                    return None
+                kept = store.hash_at(cursor, row[0])
+        except StoreUnavailable:  # no table yet (nothing was checkpointed), or a reader role
+            return None
+        found = _restored(bytes(row[2]), row[3], kept)
+        if found is not None:
+            return found, row[0], row[1]
+        _drop(store, row[0])
+        below = row[0]
+
+
+def _restored(state: bytes, kept_hash: str | None, chain_hash: str | None) -> Cluster | None:
+    """The cluster a checkpoint holds, or None when it is not bound to this log."""
+    if kept_hash is None or kept_hash != bound(chain_hash, state):
+        return None
     try:
-        with store.reading() as cursor:
-            cursor.execute(
-                f"SELECT position, max_at, state FROM checkpoints WHERE {where} "
-                "ORDER BY position DESC LIMIT 1",
-                (bound,),
-            )
-            row = cursor.fetchone()
-    except StoreUnavailable:  # no table yet (nothing was checkpointed), or a reader role
+        return Snapshot.restore(orjson.loads(zlib.decompress(state)))
+    except (zlib.error, ValueError, LookupError, TypeError):  # bound, yet unreadable
         return None
-    if row is None:
-        return None
-    state: dict[str, Any] = orjson.loads(zlib.decompress(bytes(row[2])))
-    return Snapshot.restore(state), row[0], row[1]
+
+
+def _drop(store: Store, position: int) -> None:
+    try:
+        with store.projecting() as cursor:
+            cursor.execute(f"DELETE FROM checkpoints WHERE position = {store.param}", (position,))
+    except StoreUnavailable:
+        pass  # a reader that may not write passes over it all the same
 
 
 def keep(store: Store, cluster: Cluster, position: int, max_at: str) -> None:
-    """Keep a checkpoint of a replayed cluster (once per position)."""
+    """Keep a checkpoint of a replayed cluster (once per position; one kept
+    there before that is not bound to this log is replaced)."""
     state = zlib.compress(orjson.dumps(Snapshot.of(cluster)), 1)
     p = store.param
     try:
         with store.projecting() as cursor:
             cursor.execute(_table(store))
+            _hash_column(store, cursor)
+            digest = bound(store.hash_at(cursor, position), state)
+            if digest is None:
+                return  # no chain hash kept for it: verify names that
             cursor.execute(
-                f"INSERT INTO checkpoints (position, max_at, state) VALUES ({p}, {p}, {p}) "
-                "ON CONFLICT (position) DO NOTHING",
-                (position, max_at, state),
+                f"INSERT INTO checkpoints (position, max_at, state, hash) "
+                f"VALUES ({p}, {p}, {p}, {p}) ON CONFLICT (position) DO UPDATE "
+                "SET max_at = excluded.max_at, state = excluded.state, hash = excluded.hash "
+                "WHERE checkpoints.hash IS NULL OR checkpoints.hash <> excluded.hash",
+                (position, max_at, state, digest),
             )
     except StoreUnavailable:
         pass  # a cache: a reader that may not write answers all the same, only slower

@@ -207,3 +207,23 @@ def test_a_suspicion_of_a_node_that_is_down_is_told_with_its_own_reason(
 
     assert [(s["node"], s["reason"]) for s in report["suspects"]] == [("n1", "flaky disk")]
     assert [(d["node"], d["reason"]) for d in report["downs"]] == [("n1", "instance gone")]
+
+
+def test_a_reconnect_that_ends_at_its_deadline_is_past_it(under_test: StoreUnderTest) -> None:
+    """SPEC §3: expired is deadline <= now; the audit's past_deadline agrees."""
+    with Ledger.open(under_test.url) as ledger:
+        for seconds, event in [
+            (0, {"type": "node-registered", "node": "n1", "slots": 1}),
+            (1, {"type": "heartbeat", "node": "n1"}),
+            (2, {"type": "alloc-placed", "alloc": "a1", "node": "n1", "slot": 0,
+                 "max_disconnect": 60}),
+            (3, {"type": "alloc-updated", "alloc": "a1", "client_status": "running"}),
+            (10, {"type": "heartbeat-missed", "node": "n1"}),
+            (70, {"type": "node-down", "node": "n1"}),
+        ]:
+            assert ledger.submit(json.dumps(event | {"at": at(seconds)})).status == "appended"
+
+    reconnect = audited(under_test)["reconnects"][0]
+
+    assert (reconnect["outcome"], reconnect["seconds"], reconnect["past_deadline"]) == (
+        "lost", 60.0, True)

@@ -327,6 +327,11 @@ def test_a_deleted_event_is_named_by_every_replay_not_only_verify(attack: Attack
         ), command
 
 
+def kept_hash(attack: Attack, position: int) -> str:
+    return str(attack.attacker.sql(
+        "SELECT hash FROM event_hashes WHERE position = ?", (position,))[0][0])
+
+
 def client_id(attack: Attack, position: int) -> str:
     return str(json.loads(attack.attacker.event(position)[1])["event"]["id"])
 
@@ -363,8 +368,34 @@ def test_an_id_problem_before_a_chain_break_is_named_first(
 
     found = verify(attack.store)
 
-    assert (found.position, found.verified) == (10, 19)
+    assert (found.position, found.verified, found.hash) == (10, 9, kept_hash(attack, 9))
     assert found.problem is not None and "but event_ids does not hold it" in found.problem
+
+
+def test_what_is_verified_ends_before_an_id_problem_found_a_page_later(
+    attack: Attack, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The chain is walked ahead of the id lookups, a page at a time."""
+    monkeypatch.setattr(chain, "PAGE", 50)
+    attack.attacker.sql("DELETE FROM event_ids WHERE id = ?", (client_id(attack, 30),))
+
+    found = verify(attack.store)
+
+    assert (found.position, found.verified, found.hash) == (30, 29, kept_hash(attack, 29))
+
+
+@pytest.mark.parametrize("column", ["topic", "state"])
+def test_an_event_without_topic_or_state_is_named_by_position(
+    attack: Attack, column: str
+) -> None:
+    attack.attacker.sql(
+        f"UPDATE {attack.attacker.events} SET {column} = NULL WHERE originator_version = 40")
+
+    checked = run("verify", url=attack.target.url)
+
+    assert checked.returncode == 1, checked.stderr
+    line = one_line_error(checked.stderr)
+    assert line.startswith("Error: verify failed at position 40: the event at position 40 ")
 
 
 def test_verify_names_ids_in_the_index_that_no_kept_event_has(attack: Attack) -> None:
@@ -426,3 +457,38 @@ def test_an_edited_state_is_named_by_position_not_an_internal_error(
             + ("JSONDecodeError: " if kind == "null" else "KeyError: 'event'")
         ), (command, line)
         assert line.endswith("); alloc-ledger verify checks whether the log was edited"), command
+
+
+def test_an_event_of_an_edited_type_is_named_by_every_replay_and_the_audit(
+    sqlite_under_test: Any,
+) -> None:
+    with Ledger.open(sqlite_under_test.url) as ledger:
+        list(ledger.submit_many(texts(history(60, nodes=4)), batch=20))
+    attacker = Attacker(sqlite_under_test)
+    attacker.drop_guards()
+    attacker.sql("UPDATE stored_events SET state = CAST(replace(CAST(state AS TEXT), "
+                 "'\"type\":\"', '\"type\":\"bogus-') AS BLOB) WHERE originator_version = 14")
+    kind = json.loads(attacker.event(14)[1])["event"]["type"]
+    assert kind.startswith("bogus-")
+
+    for command in (["replay"], ["query", "nodes", "--as-of", "20"], ["audit"]):
+        replayed = run(*command, url=sqlite_under_test.url)
+        assert replayed.returncode == 1, (command, replayed.stderr)
+        assert one_line_error(replayed.stderr) == (
+            f"Error: the kept event at position 14 cannot be read (KeyError: '{kind}'); "
+            "alloc-ledger verify checks whether the log was edited"), command
+
+
+@pytest.mark.parametrize("where", ["head", "before the head"])
+def test_digest_refuses_a_head_whose_kept_hash_does_not_follow(attack: Attack, where: str) -> None:
+    """A digest saved elsewhere must be one the log can match: the last link is checked."""
+    head = attack.attacker.head()
+    assert run("digest", url=attack.target.url).returncode == 0
+    attack.attacker.edit_hash(head if where == "head" else head - 1)
+
+    printed = run("digest", url=attack.target.url)
+
+    assert printed.returncode == 1
+    assert one_line_error(printed.stderr) == (
+        f"Error: the chain hash kept for position {head} does not follow from the event there "
+        "and the hash before it; run `alloc-ledger verify` to see where the log was tampered with")

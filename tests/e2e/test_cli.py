@@ -392,7 +392,9 @@ def test_submit_quiet_exits_0_when_everything_was_appended(tmp_path, url):
 
 # -- usage errors: exit 2 -----------------------------------------------------------
 
-COMMAND_NAMES = {"submit", "query", "nodes", "allocs", "alloc", "history", "needs-reconnect"}
+COMMAND_NAMES = {"submit", "query", "nodes", "allocs", "alloc", "history", "needs-reconnect",
+                 "replay", "audit"}
+
 
 @pytest.mark.parametrize(
     ("args", "error"),
@@ -438,6 +440,20 @@ COMMAND_NAMES = {"submit", "query", "nodes", "allocs", "alloc", "history", "need
          ("Invalid value for '--as-of': '0001-01-01T00:00:00+10:00' is outside the years 1 to "
           "9999 in UTC")),
         (["query", "nodes", "--as-of"], "Option '--as-of' requires an argument."),
+        (["query", "nodes", "--as-of", "\u0663"],  # ARABIC-INDIC DIGIT THREE: int() takes it
+         ("Invalid value for '--as-of': '\u0663' is neither a position nor an RFC 3339 "
+          "timestamp (e.g. 2026-01-01T12:00:00Z)")),
+        (["query", "needs-reconnect", "--now", "2026-12-31T23:59:60Z"],
+         "Invalid value for '--now': '2026-12-31T23:59:60Z': second must be in 0..59"),
+        (["query", "nodes", "--as-of", "2026-02-30T00:00:00Z"],
+         "Invalid value for '--as-of': '2026-02-30T00:00:00Z': day is out of range for month"),
+        (["replay", "--to", "0_3"], "Invalid value for '--to': '0_3' is not a position (digits 0-9)"),
+        (["audit", "--from", "\u0663"],
+         "Invalid value for '--from': '\u0663' is not a position (digits 0-9)"),
+        (["query", "history", ""], ("Invalid value for ENTITY: a node, allocation, slot (n1#0) "
+                                    "or address is needed, not an empty text")),
+        (["query", "alloc", " "],
+         "Invalid value for ALLOC: an allocation id is needed, not an empty text"),
     ],
     ids=lambda v: " ".join(v) if isinstance(v, list) else None,
 )
@@ -907,6 +923,17 @@ def test_an_allocation_never_placed_exits_1(small):
     assert (result.stdout, result.stderr) == ("", "Error: allocation a9 is not in the ledger\n")
 
 
+def test_an_allocation_only_a_rejection_names_points_at_its_history(small):
+    invoke(store(small, "submit", "alloc-placed", "--alloc", "a9", "--node", "n9"), code=1)
+
+    result = invoke(store(small, "query", "alloc", "a9"), code=1)
+
+    assert (result.stdout, result.stderr) == ("", ("Error: allocation a9 is not in the ledger "
+                                              "(events name it: alloc-ledger query history a9)\n"))
+    assert json.loads(invoke(store(small, "query", "history", "a9", "--format", "json")).stdout
+                      )[0]["status"] == "rejected"
+
+
 def test_an_allocation_not_yet_placed_at_a_position_says_so(small):
     result = invoke(store(small, "query", "alloc", "a1", "--as-of", "2"), code=1)
     assert (result.stdout, result.stderr) == (
@@ -966,7 +993,7 @@ def test_a_slot_begins_with_the_registration_that_made_it_not_a_refused_one(url)
 @pytest.mark.parametrize(("args", "error"), [
     (["n9"], "no event or rejection names n9"),
     (["n1#2"], "no event or rejection names n1#2"),
-    (["a1", "--as-of", "2"], "no event or rejection names a1"),  # as a store of 2 events says
+    (["a1", "--as-of", "2"], "no event or rejection names a1 at position 2"),
 ])
 def test_the_history_of_what_nothing_names_is_an_error_not_an_empty_list(small, args, error):
     result = invoke(store(small, "query", "history", *args), code=1)

@@ -1,11 +1,15 @@
 """A rebuild keeps a checkpoint at every multiple of ``every`` it passes,
-and nowhere else, whether it stops at a position, a time or the head."""
+and nowhere else, whether it stops at a position, a time or the head; it
+starts from one only if it is bound to this log."""
 
 from __future__ import annotations
 
 import sqlite3
 
+import pytest
+
 from ledger.application import Ledger
+from projections import checkpoints
 from projections.asof import AsOf, materialize, rebuild
 from scripts.simulate import generate
 
@@ -62,3 +66,74 @@ def test_a_rebuild_without_a_bound_replays_the_whole_log(tmp_path):
     assert position == scratch_position == 35
     assert kept_checkpoints(path) == [10, 20, 30]
     assert dump(cluster) == dump(scratch)
+
+
+def checkpointed(path, events: int = 60, seed: int = 4) -> Ledger:
+    """A ledger with checkpoints at 10, 20, 30 and 40 (close it after)."""
+    ledger = Ledger.open(f"sqlite:///{path}")
+    list(ledger.submit_many(list(generate(events, nodes=5, slots=2, seed=seed)), batch=7))
+    rebuild(ledger.store, AsOf(position=40), every=10)
+    assert kept_checkpoints(path) == [10, 20, 30, 40]
+    return ledger
+
+
+def edit(path, statement: str, *params) -> None:
+    connection = sqlite3.connect(path)
+    try:
+        connection.execute(statement, params)
+        connection.commit()
+    finally:
+        connection.close()
+
+
+def test_a_good_checkpoint_is_the_start_of_an_as_of_replay(tmp_path):
+    with checkpointed(tmp_path / "l.db") as ledger:
+        found = checkpoints.nearest(ledger.store, 45, None)
+        scratch, _ = rebuild(ledger.store, AsOf(position=40), every=0)
+    assert found is not None and found[1] == 40
+    assert dump(found[0]) == dump(scratch)
+
+
+@pytest.mark.parametrize("damage", ["garbage", "another ledger's", "its hash lost"])
+def test_a_checkpoint_not_bound_to_this_log_is_passed_over_and_replaced(tmp_path, damage):
+    path = tmp_path / "l.db"
+    with checkpointed(path) as ledger:
+        if damage == "garbage":
+            edit(path, "UPDATE checkpoints SET state = x'00112233' WHERE position = 40")
+        elif damage == "another ledger's":
+            with checkpointed(tmp_path / "other.db", seed=5):
+                pass
+            other = sqlite3.connect(tmp_path / "other.db")
+            state, digest = other.execute(
+                "SELECT state, hash FROM checkpoints WHERE position = 40").fetchone()
+            other.close()
+            edit(path, "UPDATE checkpoints SET state = ?, hash = ? WHERE position = 40",
+                 state, digest)
+        else:
+            edit(path, "UPDATE checkpoints SET hash = NULL WHERE position = 40")
+
+        found = checkpoints.nearest(ledger.store, 45, None)
+        assert found is not None and found[1] == 30  # the one before it
+        assert kept_checkpoints(path) == [10, 20, 30]  # dropped
+        cluster, _ = rebuild(ledger.store, AsOf(position=45), every=10)
+        scratch, _ = rebuild(ledger.store, AsOf(position=45), every=0)
+        assert dump(cluster) == dump(scratch)
+        assert kept_checkpoints(path) == [10, 20, 30, 40]  # kept again
+        assert checkpoints.nearest(ledger.store, 45, None)[1] == 40  # type: ignore[index]
+
+
+def test_checkpoints_an_earlier_release_kept_are_passed_over(tmp_path):
+    """Its table has no ``hash`` column: its rows are never used, and the
+    next replay past them keeps bound ones."""
+    path = tmp_path / "l.db"
+    with Ledger.open(f"sqlite:///{path}") as ledger:
+        list(ledger.submit_many(list(generate(60, nodes=5, slots=2, seed=4)), batch=7))
+    edit(path, "CREATE TABLE checkpoints (position BIGINT PRIMARY KEY, max_at TEXT NOT NULL, "
+               "state BLOB NOT NULL)")
+    edit(path, "INSERT INTO checkpoints VALUES (40, '2026', x'00')")
+    with Ledger.open(f"sqlite:///{path}") as ledger:
+        assert checkpoints.nearest(ledger.store, 45, None) is None
+        cluster, _ = rebuild(ledger.store, AsOf(position=45), every=10)
+        scratch, _ = rebuild(ledger.store, AsOf(position=45), every=0)
+        assert dump(cluster) == dump(scratch)
+        assert checkpoints.nearest(ledger.store, 45, None)[1] == 40  # type: ignore[index]
