@@ -74,9 +74,9 @@ def grant_reporting(ctx: click.Context, role: str) -> None:
 
     Grants USAGE on the store's schema and SELECT on the projection tables
     (nodes, slots, allocations, alloc_states, addresses, rejections) and views
-    (needs_reconnect, zombie_slots); never the event log (stored_events,
-    event_ids, event_hashes), tracking or the writers' state_* tables. The
-    role must exist (CREATE ROLE grafana LOGIN PASSWORD '…'). PostgreSQL only.
+    (needs_reconnect, zombie_slots, projection_status); never the event log
+    (stored_events, event_ids, event_hashes), tracking or the writers'
+    state_* tables. The role must exist (CREATE ROLE grafana LOGIN PASSWORD '…'). PostgreSQL only.
     Prints the schema: the role names the tables in it (ledger.nodes), or has
     it on its path (ALTER ROLE grafana SET search_path = ledger, public).
 

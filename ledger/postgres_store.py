@@ -322,6 +322,7 @@ class PostgresStore:
             for prefix in ("", STATE_PREFIX):
                 tables.create(cursor, self.dialect, prefix=prefix)
                 tables.upgrade(cursor, self.dialect, prefix=prefix)  # made by an earlier version
+            tables.create_status_view(cursor, self.dialect, str(self.stream), PROJECTIONS)
             for statement in HANDOFF_TABLES:
                 cursor.execute(statement)
             cursor.execute(
@@ -535,7 +536,7 @@ class PostgresStore:
 
     def grant_reporting(self, role: str) -> list[str]:
         """Let a role read the projection tables and views, and nothing else."""
-        names = list(tables.TABLES) + list(tables.VIEWS)
+        names = [*tables.TABLES, *tables.VIEWS, tables.STATUS_VIEW]
         statements = [
             sql.SQL("GRANT USAGE ON SCHEMA {} TO {}").format(
                 sql.Identifier(self.schema), sql.Identifier(role)),

@@ -125,6 +125,28 @@ def create_statements(prefix: str = "", dialect: str = "sqlite") -> list[str]:
     ]
 
 
+# How far the projection tables have read the log, for readers who may not
+# read the log or ``tracking`` (a PostgreSQL view runs as its owner).
+STATUS_VIEW = "projection_status"
+
+
+def create_status_view(cursor: Any, dialect: str, stream: str, application: str) -> None:
+    """The view of the live tables' lag behind the log (once): ``stream``
+    is the log's, ``application`` the projections' row in ``tracking``."""
+    cursor.execute(view_exists_check(dialect, STATUS_VIEW))
+    if cursor.fetchone() is not None:
+        return
+    cursor.execute(
+        f"""CREATE VIEW {STATUS_VIEW} AS
+        SELECT h.head AS head_position, t.projected AS projected_position,
+               h.head - t.projected AS lag
+        FROM (SELECT COALESCE(MAX(originator_version), 0) AS head FROM stored_events
+              WHERE originator_id = '{stream}') h,
+             (SELECT COALESCE(MAX(notification_id), 0) AS projected FROM tracking
+              WHERE application_name = '{application}') t"""
+    )
+
+
 def view_exists_check(dialect: str, name: str) -> str:
     if dialect == "sqlite":
         return f"SELECT 1 FROM sqlite_master WHERE type='view' AND name='{name}'"

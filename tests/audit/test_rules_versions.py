@@ -153,7 +153,7 @@ def made_by_the_last_version(target: StoreUnderTest) -> None:
     """Turn a store back into what the first version made: no
     ``nodes.health_reason``, the old ``zombie_slots`` (which counted removed
     nodes' reports) and ``needs_reconnect`` (without ``expired``), the old
-    schema mark."""
+    schema mark; and no ``projection_status``."""
     statements = tables.create_statements(dialect=target.dialect)
     old_zombies = next(s for s in statements if s.startswith("CREATE VIEW zombie_slots "))
     old_zombies = re.sub(r"\n *JOIN nodes n ON [^\n]*", "", old_zombies).replace(
@@ -171,6 +171,7 @@ def made_by_the_last_version(target: StoreUnderTest) -> None:
                        .replace("FROM slots", f"FROM {prefix}slots")
                        .replace("FROM allocations", f"FROM {prefix}allocations"))
         target.sql(f"ALTER TABLE {prefix}nodes DROP COLUMN health_reason")
+    target.sql("DROP VIEW projection_status")
     if target.dialect == "sqlite":
         target.sql("PRAGMA user_version = 1")
     else:
@@ -213,6 +214,8 @@ def test_a_store_of_the_last_version_is_upgraded_when_opened_and_replays_alike(
     assert replayed.returncode == 0, replayed.stderr
     assert json.loads(replayed.stdout)["differences"] == []
     assert under_test.columns("needs_reconnect")[-1] == "expired"
+    head = under_test.sql("SELECT MAX(originator_version) FROM stored_events")[0][0]
+    assert under_test.sql("SELECT head_position, lag FROM projection_status") == [(head, 0)]
     if under_test.dialect == "sqlite":
         assert under_test.sql("PRAGMA user_version") == [(3,)]
     else:

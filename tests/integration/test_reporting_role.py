@@ -17,7 +17,7 @@ import pytest
 from ledger.application import Ledger
 
 PROJECTIONS = ["nodes", "slots", "allocations", "alloc_states", "addresses", "rejections"]
-VIEWS = ["needs_reconnect", "zombie_slots"]
+VIEWS = ["needs_reconnect", "zombie_slots", "projection_status"]
 HIDDEN = ["stored_events", "event_ids", "event_hashes", "tracking", "state_nodes",
           "state_slots", "state_allocations", "state_addresses"]
 
@@ -79,6 +79,21 @@ def test_the_reporting_role_reads_the_projection_tables_and_views(granted, as_ro
 def test_the_reporting_role_sees_the_answers(granted, as_role):
     assert as_role("SELECT node, slot, state, alloc FROM slots") == [("n1", 0, "allocated", "a1")]
     assert as_role("SELECT position, entity FROM rejections") == [(4, "a2")]
+
+
+def test_the_reporting_role_sees_how_far_behind_the_tables_are(
+    granted, as_role, ledger_url, project
+):
+    """It may not read the log or tracking; the status view may, as its owner."""
+    status = "SELECT head_position, projected_position, lag FROM projection_status"
+    assert as_role(status) == [(4, 4, 0)]
+    with Ledger.open(ledger_url) as ledger:
+        ledger.submit({"type": "heartbeat", "node": "n1"})
+        ledger.submit({"type": "heartbeat", "node": "n1"})
+
+    assert as_role(status) == [(6, 4, 2)]  # the follower has not run
+    project(ledger_url)
+    assert as_role(status) == [(6, 6, 0)]
 
 
 @pytest.mark.parametrize("name", HIDDEN)
