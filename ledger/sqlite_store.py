@@ -132,14 +132,19 @@ class SQLiteStore:
                 "closed; name a file, e.g. sqlite:///alloc-ledger.db"
             )
         self._check_sqlite()
+        # Reading commands read a ledger they may not write (an auditor's
+        # copy, another user's file) read-only; whatever writes says so.
         self._check_path()
+        self.read_only = not self._may_write()
+        if create and self.read_only:
+            raise StoreUnavailable(f"cannot open store {url}: {self._target()} is not writable")
         if not create and not _holds_ledger(path):
             raise StoreUnavailable(
                 f"cannot open store {url}: there is no ledger at {path} (nothing has been "
                 "submitted to it; check --store)"
             )
         try:
-            self.datastore = SQLiteDatastore(path, lock_timeout=int(timeout) or 1)
+            self.datastore = SQLiteDatastore(self._db_name(), lock_timeout=int(timeout) or 1)
             self.recorder = SQLiteProcessRecorder(self.datastore)
             self._create_schema_waiting(timeout)
         except (PersistenceError, sqlite3.Error) as error:
@@ -176,6 +181,26 @@ class SQLiteStore:
         if missing is not None:
             raise StoreUnavailable(f"cannot open store {self.url}: {missing}")
 
+    def _target(self) -> str:
+        """What a write needs: the file, or the folder to make it in."""
+        return self.path if os.path.exists(self.path) else os.path.dirname(
+            os.path.abspath(self.path))
+
+    def _may_write(self) -> bool:
+        return os.access(self._target(), os.R_OK | os.W_OK)
+
+    def _db_name(self) -> str:
+        """The file, or a read-only URI of it: in a folder this process may not
+        write, where no writer left a WAL behind, it reads the file as it is
+        (SQLite could make no ``-shm`` file there to read it otherwise)."""
+        if not self.read_only:
+            return self.path
+        name = "file:" + quote(os.path.abspath(self.path)) + "?mode=ro"
+        folder = os.path.dirname(os.path.abspath(self.path))
+        if not os.access(folder, os.W_OK) and not os.path.exists(self.path + "-wal"):
+            name += "&immutable=1"
+        return name
+
     def _check_path(self) -> None:
         if self.path.endswith(("/", os.sep)) or os.path.isdir(self.path):
             raise StoreUnavailable(
@@ -187,9 +212,6 @@ class SQLiteStore:
             raise StoreUnavailable(
                 f"cannot open store {self.url}: directory {folder} does not exist"
             )
-        target = self.path if os.path.exists(self.path) else folder
-        if not os.access(target, os.R_OK | os.W_OK):
-            raise StoreUnavailable(f"cannot open store {self.url}: {target} is not writable")
 
     def _create_schema(self) -> None:
         with self.reading() as cursor:
@@ -203,8 +225,14 @@ class SQLiteStore:
                 raise MadeByNewer(self.url, version, SCHEMA_VERSION)
             if version == 0:
                 self._check_no_other_tables(cursor)
+        if self.read_only and version != SCHEMA_VERSION:
+            raise StoreUnavailable(
+                f"cannot open store {self.url}: it was made by an earlier alloc-ledger "
+                f"(schema version {version}) and {self.path} is not writable: open it once "
+                "where it may be written, to upgrade it"
+            )
         if version == SCHEMA_VERSION:
-            if guards < len(ID_GUARDS):  # a store made before the ids were guarded
+            if guards < len(ID_GUARDS) and not self.read_only:  # made before ids were guarded
                 with self.writing() as cursor:
                     for statement in ID_GUARDS:
                         cursor.execute(statement)
@@ -253,6 +281,11 @@ class SQLiteStore:
 
     @contextmanager
     def writing(self) -> Iterator[sqlite3.Cursor]:
+        if self.read_only:
+            raise StoreUnavailable(
+                f"store {self.url}: {self.path} is not writable, and this command writes "
+                "into the store (copy the file somewhere writable first)"
+            )
         try:
             with self.datastore.get_connection(commit=True) as connection:
                 cursor = connection.cursor().sqlite_cursor

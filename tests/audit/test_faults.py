@@ -13,7 +13,7 @@ import subprocess
 import time
 import uuid
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from pathlib import Path
 from typing import Any
 
@@ -74,11 +74,11 @@ def resubmitted_cleanly(target: StoreUnderTest, stream: Path, acked: int, total:
 def read_only(path: Path) -> Iterator[None]:
     """Make a file read-only, even for root (immutable when running as root)."""
     if os.geteuid() != 0:
-        path.chmod(0o444)
+        path.chmod(0o555 if path.is_dir() else 0o444)
         try:
             yield
         finally:
-            path.chmod(0o644)
+            path.chmod(0o755 if path.is_dir() else 0o644)
         return
     if not shutil.which("chattr") or subprocess.run(
         ["chattr", "+i", str(path)], capture_output=True, check=False
@@ -106,6 +106,54 @@ def test_a_read_only_store_exits_3_and_keeps_its_log(tmp_path: Path) -> None:
     assert refused.stdout == b""
     assert target.sql("SELECT COUNT(*) FROM stored_events")[0][0] == 30
     resubmitted_cleanly(target, stream, 30, 60)
+
+
+@pytest.mark.parametrize("where", ["the file", "the file and its folder"])
+def test_reading_commands_read_a_ledger_they_may_not_write(tmp_path: Path, where: str) -> None:
+    """An auditor's copy on read-only media, or another user's file."""
+    folder = tmp_path / "evidence"
+    folder.mkdir()
+    target = sqlite_store(folder)
+    with Ledger.open(target.url) as ledger:
+        list(ledger.submit_many(texts(history(60))))
+    expected = {args: run(*args, url=target.url) for args in READING}
+    assert all(done.returncode == 0 for done in expected.values())
+    kept = target.path.read_bytes()  # type: ignore[union-attr]
+
+    with read_only(target.path), (  # type: ignore[arg-type]
+            read_only(folder) if where != "the file" else nullcontext()):
+        answered = {args: run(*args, url=target.url) for args in READING}
+        replayed = run("replay", url=target.url)
+        submitted = run("submit", "heartbeat", "--node", "n1", url=target.url)
+
+    for args, done in answered.items():
+        assert done.returncode == 0, (args, done.stderr)
+        assert timeless(done.stdout) == timeless(expected[args].stdout), args
+    assert replayed.returncode == 3
+    assert one_line_error(replayed.stderr).endswith(
+        "is not writable, and this command writes into the store "
+        "(copy the file somewhere writable first)")
+    assert submitted.returncode == 3 and "is not writable" in one_line_error(submitted.stderr)
+    assert target.path.read_bytes() == kept  # type: ignore[union-attr]
+    if where != "the file":  # and nothing made beside it, where nothing may be
+        assert [p.name for p in folder.iterdir()] == ["ledger.db"]
+
+
+def timeless(printed: bytes) -> Any:
+    """An answer without how long it took (verify's seconds and rate)."""
+    if not printed.startswith(b"{"):
+        return printed
+    answer = json.loads(printed)
+    return {k: v for k, v in answer.items() if k not in ("seconds", "events_per_second")}
+
+
+READING = [
+    ("query", "nodes", "--format", "json"),
+    ("query", "nodes", "--as-of", "30", "--format", "json"),
+    ("verify", "--format", "json"),
+    ("digest",),
+    ("audit", "--format", "json"),
+]
 
 
 # -- a locked database --------------------------------------------------------------
