@@ -71,6 +71,8 @@ def submit(ctx: click.Context, source: str, quiet: bool, batch: int) -> None:
     Exit 0 when every event was appended or duplicate, 1 when any was invalid or
     rejected, 3 when the store cannot be opened.
     """
+    if sys.stdout is None:  # started with stdout closed (>&-): the results would be lost
+        raise ClosedStream("stdout is closed: the results could not be printed; nothing submitted")
     if source in EVENT_TYPES:
         receipts = [_one_from_flags(ctx, source)]
         counts = _print([list(enumerate(receipts, 1))], quiet, progress=False)
@@ -110,6 +112,10 @@ def _pairs(args: list[str]) -> dict[str, str]:
             value = next(items, None)  # type: ignore[assignment]
             if value is None:
                 raise click.UsageError(f"--{name} needs a value")
+            if value.startswith("--") and len(value) > 2:
+                raise click.UsageError(
+                    f"--{name} needs a value, not the flag {value} (a value that starts "
+                    f"with -- is written --{name}={value})")
         field = name.replace("-", "_")
         if field == "store":
             raise click.UsageError(STORE_GOES_FIRST.format("submit TYPE"))
@@ -121,8 +127,16 @@ def _pairs(args: list[str]) -> dict[str, str]:
     return flags
 
 
+class ClosedStream(click.ClickException):
+    """The command was started without the stream it reads or writes."""
+
+    exit_code = 2
+
+
 def _open(source: str) -> IO[bytes]:
     if source == "-":
+        if sys.stdin is None:  # started with stdin closed (<&-)
+            raise ClosedStream("stdin is closed: there is nothing to read from -")
         return sys.stdin.buffer
     try:
         return open(source, "rb")
@@ -276,11 +290,14 @@ def _print(
     shown = time.monotonic()
     out = sys.stdout
     for batch in results:
-        for number, receipt in batch:
+        for _, receipt in batch:
             counts[receipt.status] += 1
+        try:
             if not quiet:
-                out.write(_result_line(number, receipt))
-        out.flush()
+                out.write("".join(_result_line(number, receipt) for number, receipt in batch))
+            out.flush()
+        except OSError as error:  # stdout full, or closed by its reader (a broken pipe)
+            raise _output_lost(error, batch) from None
         if progress and time.monotonic() - shown > 0.2:
             shown = time.monotonic()
             done = sum(counts.values())
@@ -289,6 +306,21 @@ def _print(
     if progress:
         click.echo("\r" + " " * 60 + "\r", err=True, nl=False)
     return counts
+
+
+def _output_lost(error: OSError, batch: list[tuple[int, Receipt]]) -> click.ClickException:
+    """Results that could not be printed: their batch is kept all the same."""
+    try:  # what is still buffered goes nowhere, not into a warning at exit
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    except (OSError, ValueError):
+        pass
+    kept = [r.position for _, r in batch if r.position is not None]
+    where = f", up to position {max(kept)}" if kept else ""
+    why = error.strerror or type(error).__name__
+    return click.ClickException(
+        f"cannot print the results to stdout ({why}): every line up to {batch[-1][0]} was "
+        f"decided and is kept as decided{where}; later ones may be kept too (resubmit with "
+        "ids to learn which: kept ones answer duplicate)")
 
 
 COMMANDS = [submit]

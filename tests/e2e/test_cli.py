@@ -452,6 +452,9 @@ COMMAND_NAMES = {"submit", "query", "nodes", "allocs", "alloc", "history", "need
          "Invalid value for '--from': '\u0663' is not a position (digits 0-9)"),
         (["query", "history", ""], ("Invalid value for ENTITY: a node, allocation, slot (n1#0) "
                                     "or address is needed, not an empty text")),
+        (["submit", "heartbeat", "--node", "--slots", "[]"],
+         ("--node needs a value, not the flag --slots (a value that starts with -- is written "
+          "--node=--slots)")),
         (["query", "alloc", " "],
          "Invalid value for ALLOC: an allocation id is needed, not an empty text"),
     ],
@@ -852,6 +855,53 @@ def test_nodes_in_every_format(small):
         "last_heartbeat_position,reason,since_position\n"
         "n1,disconnected,ok,,2,1,1,2026-01-01T00:00:10.000000Z,2,,5\n"
     )
+
+
+# -- stdout and stdin that are not there --------------------------------------------
+
+CLI = [sys.executable, "-m", "commands"]
+
+
+def node_lines(count: int) -> str:
+    return lines(*({"type": "node-registered", "node": f"n{i}"} for i in range(count)))
+
+
+@pytest.mark.parametrize("shell", ['"$@" > /dev/full', '"$@" | head -c 10 > /dev/null'])
+def test_results_stdout_cannot_take_are_one_line_and_every_batch_is_kept(
+    tmp_path, url, shell
+):
+    source = tmp_path / "events.jsonl"
+    source.write_text(node_lines(3000))
+
+    done = subprocess.run(
+        ["sh", "-c", shell, "sh", *CLI, "--store", url,
+         "submit", str(source), "--batch", "1000"],
+        check=False, capture_output=True, text=True, timeout=120)
+
+    error = one_line_of(done.stderr)
+    assert error.startswith("Error: cannot print the results to stdout (")
+    up_to = int(re.search(r"every line up to (\d+) was decided", error)[1])  # type: ignore[index]
+    assert up_to in (1000, 2000, 3000) and f"up to position {up_to};" in error
+    with Ledger.open(url) as ledger, ledger.store.reading() as cursor:
+        assert ledger.store.head(cursor) >= up_to  # what it says is kept, is
+
+
+@pytest.mark.parametrize(("shell", "error"), [
+    ('"$@" heartbeat --node n1 >&-',
+     "Error: stdout is closed: the results could not be printed; nothing submitted"),
+    ('"$@" - <&-', "Error: stdin is closed: there is nothing to read from -"),
+])
+def test_a_closed_stdout_or_stdin_is_a_usage_error_and_nothing_is_submitted(url, shell, error):
+    done = subprocess.run(["sh", "-c", shell, "sh", *CLI, "--store", url, "submit"],
+                          check=False, capture_output=True, text=True, timeout=60)
+
+    assert (done.returncode, one_line_of(done.stderr)) == (2, error)
+    assert not Path(url[len("sqlite:///"):]).exists()
+
+
+def one_line_of(stderr: str) -> str:
+    assert stderr.count("\n") == 1 and "Traceback" not in stderr, stderr
+    return stderr.strip()
 
 
 def test_json_is_the_default_when_piped(small):
