@@ -87,6 +87,7 @@ def overlapped(ledger: Ledger, batches: Iterable[list[Any]]) -> Iterator[list[Re
             ThreadPoolExecutor(1, thread_name_prefix="alloc-ledger-writer") as writer,
         ):
             flying: InFlight | None = None
+            reporting: InFlight | None = None  # handed to the writer, its receipts not yielded
             try:
                 for items in batches:
                     parsed = [ledger.parse(item) for item in items]
@@ -97,8 +98,10 @@ def overlapped(ledger: Ledger, batches: Iterable[list[Any]]) -> Iterator[list[Re
                         with ledger.store.reading() as cursor:
                             ahead = ledger.decide_ahead(cursor, valid)
                     if flying is not None:
-                        reported, flying = flying, None
-                        yield reported.result()
+                        reporting, flying = flying, None
+                        receipts = reporting.result()  # Ctrl-C may come while it commits
+                        reporting = None
+                        yield receipts
                     flying = InFlight(parsed)
                     if ahead is not None or not valid:
                         flying.decided.set()  # else the writer thread decides it, then sets it
@@ -111,9 +114,11 @@ def overlapped(ledger: Ledger, batches: Iterable[list[Any]]) -> Iterator[list[Re
             except BaseException:
                 # At a ``yield`` nothing is in flight (a reader stopping is not
                 # this): the error is this thread's, or the batch in flight's.
-                if flying is not None and (done := flying.outcome()) is not None:
-                    flying = None
-                    yield done
+                # What is committed is reported, in order, before it.
+                for batch in (reporting, flying):
+                    if batch is not None and (done := batch.outcome()) is not None:
+                        reporting = flying = None
+                        yield done
                 raise
     finally:
         if not finished:

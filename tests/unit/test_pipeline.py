@@ -17,6 +17,7 @@ from typing import Any
 
 import pytest
 
+from ledger import pipeline
 from ledger.application import Ledger
 from ledger.chain import verify
 from ledger.errors import StoreUnavailable
@@ -228,3 +229,26 @@ def test_an_input_error_with_a_batch_in_flight_reports_that_batch_then_fails(
         assert seen == [["appended"] * 3, ["appended"]]  # committed, so reported
         with ledger.store.reading() as cursor:
             assert ledger.store.head(cursor) == 4
+
+
+def test_ctrl_c_while_a_batch_commits_still_reports_that_batch(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Its events are kept: their results are printed before the interrupt ends
+    the stream (a producer without ids resumes after the last result line)."""
+    waited = pipeline.InFlight.result
+
+    def interrupted(self: pipeline.InFlight) -> list[Any]:
+        monkeypatch.setattr(pipeline.InFlight, "result", waited)  # once
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(pipeline.InFlight, "result", interrupted)
+    with open_ledger(tmp_path) as ledger:
+        slow_writes(ledger)
+        seen: list[list[str]] = []
+        with pytest.raises(KeyboardInterrupt):
+            for receipts in ledger.submit_batches([SETUP, [{"type": "heartbeat", "node": "n1"}]]):
+                seen.append([r.status for r in receipts])
+        with ledger.store.reading() as cursor:
+            head = ledger.store.head(cursor)
+    assert (seen, head) == ([["appended"] * 3], 3)  # committed, so reported; no more
