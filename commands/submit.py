@@ -158,7 +158,16 @@ def _lines(stream: IO[bytes]) -> Iterator[tuple[int, Any]]:
                 pass
             yield number, TOO_LONG
         elif line.strip():
-            yield number, line
+            yield number, _without_bom(number, line)
+
+
+BOM = b"\xef\xbb\xbf"
+
+
+def _without_bom(number: int, line: bytes) -> bytes:
+    """A stream's first line without the byte order mark some Windows tools
+    write (RFC 8259 lets a parser ignore it)."""
+    return line[len(BOM):] if number == 1 and line.startswith(BOM) else line
 
 
 def _stream(
@@ -223,7 +232,7 @@ class Arrivals:
         if len(line) > MAX_LINE:
             self.ready.append((self.number, TOO_LONG))
         elif line.strip():
-            self.ready.append((self.number, line + end))
+            self.ready.append((self.number, _without_bom(self.number, line + end)))
 
 
 def _pipe(stream: IO[bytes]) -> int | None:

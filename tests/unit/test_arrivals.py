@@ -63,6 +63,12 @@ def test_a_pipe_gives_the_lines_a_file_gives(
         assert from_pipe(data, most) == from_file(data)
 
 
+def test_a_byte_order_mark_before_the_first_line_is_dropped_there_only() -> None:
+    data = b"\xef\xbb\xbf{}\n\xef\xbb\xbf{}\n"
+    expected = [(1, b"{}\n"), (2, b"\xef\xbb\xbf{}\n")]
+    assert from_file(data) == from_pipe(data, 5) == expected
+
+
 def test_lines_already_waiting_come_in_one_batch_up_to_its_size() -> None:
     reading, writing = os.pipe()
     os.write(writing, b"a\nb\n\nc\n")
