@@ -7,6 +7,8 @@ decides against the current state, across processes.
 
 from __future__ import annotations
 
+import array
+import fcntl
 import os
 import sqlite3
 import time
@@ -84,17 +86,34 @@ def sqlite_missing() -> str | None:
     return None
 
 
-def _holds_ledger(path: str) -> bool:
+def _holds_ledger(path: str, uri: str | None = None) -> bool:
     """Whether a file is a ledger (its schema version set), read without
-    writing anything; a file SQLite cannot read counts as one, so that
-    opening it reports why."""
+    writing anything (through ``uri``, a read-only one, if given); a file
+    SQLite cannot read counts as one, so that opening it reports why."""
     if not os.path.exists(path):
         return False
     try:
-        with closing(sqlite3.connect(f"file:{quote(path)}?mode=ro", uri=True)) as probe:
+        with closing(sqlite3.connect(uri or f"file:{quote(path)}?mode=ro", uri=True)) as probe:
             return bool(probe.execute("PRAGMA user_version").fetchone()[0])
     except sqlite3.Error:
         return True
+
+
+FS_IOC_GETFLAGS, FS_IMMUTABLE_FL = 0x80086601, 0x10  # linux/fs.h
+
+
+def _unchangeable(path: str) -> bool:
+    """Whether no process can change a file: on a read-only file system, or
+    marked immutable (``chattr +i``, Linux)."""
+    try:
+        if os.statvfs(path).f_flag & os.ST_RDONLY:
+            return True
+        with open(path, "rb") as file:
+            flags = array.array("i", [0, 0])  # the kernel writes an int; room for a long
+            fcntl.ioctl(file.fileno(), FS_IOC_GETFLAGS, flags, True)
+            return bool(flags[0] & FS_IMMUTABLE_FL)
+    except OSError:  # no such flags here (another OS or file system)
+        return False
 
 
 def _busy(error: BaseException | None) -> bool:
@@ -138,13 +157,14 @@ class SQLiteStore:
         self.read_only = not self._may_write()
         if create and self.read_only:
             raise StoreUnavailable(f"cannot open store {url}: {self._target()} is not writable")
-        if not create and not _holds_ledger(path):
+        name = self._db_name() if self.read_only and os.path.exists(path) else path
+        if not create and not _holds_ledger(path, None if name == path else name):
             raise StoreUnavailable(
                 f"cannot open store {url}: there is no ledger at {path} (nothing has been "
                 "submitted to it; check --store)"
             )
         try:
-            self.datastore = SQLiteDatastore(self._db_name(), lock_timeout=int(timeout) or 1)
+            self.datastore = SQLiteDatastore(name, lock_timeout=int(timeout) or 1)
             self.recorder = SQLiteProcessRecorder(self.datastore)
             self._create_schema_waiting(timeout)
         except (PersistenceError, sqlite3.Error) as error:
@@ -190,15 +210,21 @@ class SQLiteStore:
         return os.access(self._target(), os.R_OK | os.W_OK)
 
     def _db_name(self) -> str:
-        """The file, or a read-only URI of it: in a folder this process may not
-        write, where no writer left a WAL behind, it reads the file as it is
-        (SQLite could make no ``-shm`` file there to read it otherwise)."""
-        if not self.read_only:
-            return self.path
+        """A read-only URI of the file, for a process that may not write it.
+        A file no one can write (on a read-only file system, or immutable)
+        is read as it is. Any other is read through the WAL files its writer
+        keeps beside it while it has it open; without them, a reader would
+        make them itself, and they would shut out the file's owner (or,
+        where it may make none, it could not read the file): refused."""
         name = "file:" + quote(os.path.abspath(self.path)) + "?mode=ro"
-        folder = os.path.dirname(os.path.abspath(self.path))
-        if not os.access(folder, os.W_OK) and not os.path.exists(self.path + "-wal"):
-            name += "&immutable=1"
+        if _unchangeable(self.path):
+            return name + "&immutable=1"
+        if not all(os.path.exists(self.path + end) for end in ("-wal", "-shm")):
+            raise StoreUnavailable(
+                f"cannot open store {self.url}: {self.path} is not writable by this user, "
+                "and no writer has it open: reading it would leave files beside it that "
+                "its owner could not write; read it as its owner, or read a copy"
+            )
         return name
 
     def _check_path(self) -> None:

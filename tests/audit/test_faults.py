@@ -71,14 +71,27 @@ def resubmitted_cleanly(target: StoreUnderTest, stream: Path, acked: int, total:
 
 
 @contextmanager
+def unchangeable(path: Path) -> Iterator[None]:
+    """Make a file or folder immutable (``chattr +i``): no process may change it."""
+    if os.geteuid() != 0 or not shutil.which("chattr"):
+        pytest.skip("only root can make a file immutable (chattr +i)")
+    if subprocess.run(["chattr", "+i", str(path)], capture_output=True, check=False).returncode:
+        pytest.skip("chattr +i is not available on this file system")
+    try:
+        yield
+    finally:
+        subprocess.run(["chattr", "-i", str(path)], check=True)
+
+
+@contextmanager
 def read_only(path: Path) -> Iterator[None]:
     """Make a file read-only, even for root (immutable when running as root)."""
     if os.geteuid() != 0:
-        path.chmod(0o555 if path.is_dir() else 0o444)
+        path.chmod(0o444)
         try:
             yield
         finally:
-            path.chmod(0o755 if path.is_dir() else 0o644)
+            path.chmod(0o644)
         return
     if not shutil.which("chattr") or subprocess.run(
         ["chattr", "+i", str(path)], capture_output=True, check=False
@@ -109,8 +122,8 @@ def test_a_read_only_store_exits_3_and_keeps_its_log(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("where", ["the file", "the file and its folder"])
-def test_reading_commands_read_a_ledger_they_may_not_write(tmp_path: Path, where: str) -> None:
-    """An auditor's copy on read-only media, or another user's file."""
+def test_reading_commands_read_a_ledger_no_process_may_change(tmp_path: Path, where: str) -> None:
+    """An auditor's copy that no process may change (read-only media)."""
     folder = tmp_path / "evidence"
     folder.mkdir()
     target = sqlite_store(folder)
@@ -120,8 +133,8 @@ def test_reading_commands_read_a_ledger_they_may_not_write(tmp_path: Path, where
     assert all(done.returncode == 0 for done in expected.values())
     kept = target.path.read_bytes()  # type: ignore[union-attr]
 
-    with read_only(target.path), (  # type: ignore[arg-type]
-            read_only(folder) if where != "the file" else nullcontext()):
+    with unchangeable(target.path), (  # type: ignore[arg-type]
+            unchangeable(folder) if where != "the file" else nullcontext()):
         answered = {args: run(*args, url=target.url) for args in READING}
         replayed = run("replay", url=target.url)
         submitted = run("submit", "heartbeat", "--node", "n1", url=target.url)
@@ -145,6 +158,51 @@ def timeless(printed: bytes) -> Any:
         return printed
     answer = json.loads(printed)
     return {k: v for k, v in answer.items() if k not in ("seconds", "events_per_second")}
+
+
+WITHOUT_OVERRIDE = ["setpriv", "--inh-caps=-dac_override,-dac_read_search",
+                    "--bounding-set=-dac_override,-dac_read_search"]
+
+
+def as_another_user(*args: str, url: str) -> subprocess.CompletedProcess[bytes]:
+    """A reading command as a user who may read the file but not write it
+    (root without the capability to override file modes)."""
+    if os.geteuid() != 0:
+        return run(*args, url=url)
+    if not shutil.which("setpriv"):
+        pytest.skip("running as root without setpriv: cannot read as another user")
+    return subprocess.run(  # noqa: PLW1510 - the exit code is what the test judges
+        [*WITHOUT_OVERRIDE, *CLI, "--store", url, *args], capture_output=True, timeout=60)
+
+
+def test_another_user_s_ledger_is_read_through_its_writer_s_wal_or_refused(
+    tmp_path: Path,
+) -> None:
+    """A reader that made the WAL files itself would shut the owner out."""
+    target = sqlite_store(tmp_path)
+    with Ledger.open(target.url) as ledger:
+        list(ledger.submit_many(texts(history(60))))
+    assert target.path is not None
+    target.path.chmod(0o444)
+    try:
+        refused = as_another_user("query", "nodes", url=target.url)
+        assert refused.returncode == 3
+        assert one_line_error(refused.stderr).endswith(
+            "is not writable by this user, and no writer has it open: reading it would leave "
+            "files beside it that its owner could not write; read it as its owner, or read "
+            "a copy")
+        assert sorted(p.name for p in tmp_path.iterdir()) == ["ledger.db"]
+
+        writer = sqlite3.connect(target.path)  # the owner has it open: its WAL is there
+        try:
+            writer.execute("SELECT COUNT(*) FROM nodes").fetchone()
+            read = as_another_user("verify", "--format", "json", url=target.url)
+            assert read.returncode == 0, read.stderr
+            assert json.loads(read.stdout)["verified"] == 60
+        finally:
+            writer.close()
+    finally:
+        target.path.chmod(0o644)
 
 
 READING = [
