@@ -36,20 +36,25 @@ def _table(store: Store) -> str:
 
 
 def _hash_column(store: Store, cursor: Any) -> None:
-    """A table an earlier release made has no ``hash``: its rows are never used."""
-    if store.dialect != "sqlite":
-        cursor.execute("ALTER TABLE checkpoints ADD COLUMN IF NOT EXISTS hash TEXT")
-        return
-    cursor.execute("SELECT 1 FROM pragma_table_info('checkpoints') WHERE name = 'hash'")
+    """A table an earlier release made has no ``hash``: its rows are never
+    used. (Looked up first: adding a column takes the table's owner and its
+    strongest lock, even where it is there already.)"""
+    if store.dialect == "sqlite":
+        cursor.execute("SELECT 1 FROM pragma_table_info('checkpoints') WHERE name = 'hash'")
+    else:
+        cursor.execute(
+            "SELECT 1 FROM information_schema.columns WHERE table_schema = current_schema() "
+            "AND table_name = 'checkpoints' AND column_name = 'hash'")
     if cursor.fetchone() is None:
         cursor.execute("ALTER TABLE checkpoints ADD COLUMN hash TEXT")
 
 
-def bound(chain_hash: str | None, state: bytes) -> str | None:
-    """The hash binding a checkpoint's state to the log at its position."""
+def bound(chain_hash: str | None, max_at: str, state: bytes) -> str | None:
+    """The hash binding a checkpoint (its latest ``at`` and its state) to the
+    log at its position."""
     if chain_hash is None:
         return None
-    return sha256(chain_hash.encode() + b"\n" + state).hexdigest()
+    return sha256(b"\n".join((chain_hash.encode(), max_at.encode(), state))).hexdigest()
 
 
 def nearest(store: Store, position: int | None, at: str | None) -> tuple[Cluster, int, str] | None:
@@ -75,16 +80,18 @@ def nearest(store: Store, position: int | None, at: str | None) -> tuple[Cluster
                 kept = store.hash_at(cursor, row[0])
         except StoreUnavailable:  # no table yet (nothing was checkpointed), or a reader role
             return None
-        found = _restored(bytes(row[2]), row[3], kept)
+        found = _restored(row[1], bytes(row[2]), row[3], kept)
         if found is not None:
             return found, row[0], row[1]
-        _drop(store, row[0])
+        _drop(store, row[0], row[3])
         below = row[0]
 
 
-def _restored(state: bytes, kept_hash: str | None, chain_hash: str | None) -> Cluster | None:
+def _restored(
+    max_at: str, state: bytes, kept_hash: str | None, chain_hash: str | None
+) -> Cluster | None:
     """The cluster a checkpoint holds, or None when it is not bound to this log."""
-    if kept_hash is None or kept_hash != bound(chain_hash, state):
+    if kept_hash is None or kept_hash != bound(chain_hash, max_at, state):
         return None
     try:
         return Snapshot.restore(orjson.loads(zlib.decompress(state)))
@@ -92,10 +99,14 @@ def _restored(state: bytes, kept_hash: str | None, chain_hash: str | None) -> Cl
         return None
 
 
-def _drop(store: Store, position: int) -> None:
+def _drop(store: Store, position: int, kept_hash: str | None) -> None:
+    """Drop a bad checkpoint, not a good one another process has kept since."""
+    p = store.param
     try:
         with store.projecting() as cursor:
-            cursor.execute(f"DELETE FROM checkpoints WHERE position = {store.param}", (position,))
+            cursor.execute(
+                f"DELETE FROM checkpoints WHERE position = {p} AND COALESCE(hash, '') = {p}",
+                (position, kept_hash or ""))
     except StoreUnavailable:
         pass  # a reader that may not write passes over it all the same
 
@@ -109,7 +120,7 @@ def keep(store: Store, cluster: Cluster, position: int, max_at: str) -> None:
         with store.projecting() as cursor:
             cursor.execute(_table(store))
             _hash_column(store, cursor)
-            digest = bound(store.hash_at(cursor, position), state)
+            digest = bound(store.hash_at(cursor, position), max_at, state)
             if digest is None:
                 return  # no chain hash kept for it: verify names that
             cursor.execute(

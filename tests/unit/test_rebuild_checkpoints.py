@@ -94,7 +94,7 @@ def test_a_good_checkpoint_is_the_start_of_an_as_of_replay(tmp_path):
     assert dump(found[0]) == dump(scratch)
 
 
-@pytest.mark.parametrize("damage", ["garbage", "another ledger's", "its hash lost"])
+@pytest.mark.parametrize("damage", ["garbage", "another ledger's", "its hash lost", "max_at"])
 def test_a_checkpoint_not_bound_to_this_log_is_passed_over_and_replaced(tmp_path, damage):
     path = tmp_path / "l.db"
     with checkpointed(path) as ledger:
@@ -109,6 +109,9 @@ def test_a_checkpoint_not_bound_to_this_log_is_passed_over_and_replaced(tmp_path
             other.close()
             edit(path, "UPDATE checkpoints SET state = ?, hash = ? WHERE position = 40",
                  state, digest)
+        elif damage == "max_at":  # an earlier time: later as-of times would start there
+            edit(path, "UPDATE checkpoints SET max_at = '2026-01-01T00:00:00.000000Z' "
+                       "WHERE position = 40")
         else:
             edit(path, "UPDATE checkpoints SET hash = NULL WHERE position = 40")
 
@@ -137,3 +140,10 @@ def test_checkpoints_an_earlier_release_kept_are_passed_over(tmp_path):
         scratch, _ = rebuild(ledger.store, AsOf(position=45), every=0)
         assert dump(cluster) == dump(scratch)
         assert checkpoints.nearest(ledger.store, 45, None)[1] == 40  # type: ignore[index]
+
+
+def test_dropping_a_bad_checkpoint_leaves_a_good_one_kept_there_since(tmp_path):
+    """Another process may have replaced it between the read and the drop."""
+    with checkpointed(tmp_path / "l.db") as ledger:
+        checkpoints._drop(ledger.store, 40, "the bad one's hash")
+        assert kept_checkpoints(tmp_path / "l.db") == [10, 20, 30, 40]
