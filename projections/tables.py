@@ -145,6 +145,14 @@ def create_status_view(cursor: Any, dialect: str, stream: str, application: str)
              (SELECT COALESCE(MAX(notification_id), 0) AS projected FROM tracking
               WHERE application_name = '{application}') t"""
     )
+    if dialect != "sqlite":  # made by an upgrade: who reads the views reads this one too
+        cursor.execute(
+            "SELECT DISTINCT grantee FROM information_schema.role_table_grants "
+            "WHERE table_schema = current_schema() AND table_name = 'needs_reconnect' "
+            "AND privilege_type = 'SELECT' AND grantee <> current_user")
+        for (grantee,) in cursor.fetchall():
+            role = "PUBLIC" if grantee == "PUBLIC" else '"' + grantee.replace('"', '""') + '"'
+            cursor.execute(f"GRANT SELECT ON {STATUS_VIEW} TO {role}")
 
 
 def view_exists_check(dialect: str, name: str) -> str:

@@ -221,7 +221,9 @@ def test_a_store_of_the_last_version_is_upgraded_when_opened_and_replays_alike(
     else:
         assert under_test.sql(
             "SELECT has_table_privilege('public', 'zombie_slots', 'SELECT'), "
-            "has_table_privilege('public', 'needs_reconnect', 'SELECT')") == [(True, True)]
+            "has_table_privilege('public', 'needs_reconnect', 'SELECT'), "
+            "has_table_privilege('public', 'projection_status', 'SELECT')"
+        ) == [(True, True, True)]  # who read the views reads the new one
 
 
 LOSSES = [
