@@ -57,10 +57,26 @@ def sql_blocks() -> tuple[list[str], dict[str, tuple[str, str]]]:
 
 
 def spread_history() -> list[str]:
+    """A simulated history spread over 15 minutes of 2026-01-01, then two
+    allocations waiting to reconnect since ten minutes ago, one of them
+    for longer than it may ("late"), the other not ("waiting"): the SQL
+    that compares with the current time must tell them apart, also on the
+    same day (where a text compared with ``datetime('now')`` would not)."""
     lines = []
     for n, event in enumerate(generate(3000, nodes=30, slots=3, seed=4)):
         event["at"] = (START + n * SPREAD).isoformat().replace("+00:00", "Z")
         lines.append(json.dumps(event))
+    missed = (datetime.now(UTC) - timedelta(minutes=10)).isoformat()
+    for alloc, seconds in (("late", 60), ("waiting", 3600)):
+        node = f"n-{alloc}"
+        lines += [json.dumps(e) for e in (
+            {"type": "node-registered", "node": node, "slots": 1},
+            {"type": "heartbeat", "node": node},
+            {"type": "alloc-placed", "alloc": alloc, "node": node, "slot": 0,
+             "max_disconnect": seconds},
+            {"type": "alloc-updated", "alloc": alloc, "client_status": "running"},
+            {"type": "heartbeat-missed", "node": node, "at": missed},
+        )]
     return lines
 
 
@@ -106,6 +122,8 @@ def test_the_readme_s_portable_sql_gives_the_same_answers_on_both_stores(two_sto
     for statement, (lite, pg) in zip(statements, found, strict=True):
         assert lite == pg, statement
         assert lite, f"nothing to compare: {statement}"
+    expired = {row[0] for row in found[1][0]}
+    assert "late" in expired and "waiting" not in expired
     in_range = [at for (at,) in answers(two_stores["sqlite"], "SELECT at FROM alloc_states")
                 if timedelta(minutes=5) <= datetime.fromisoformat(at) - START
                 < timedelta(minutes=10)]
@@ -127,4 +145,6 @@ def test_the_readme_s_table_of_differing_sql_means_the_same_on_both_stores(two_s
         if "seconds" in purpose:  # SQLite's are whole seconds
             pg = [(int(value),) for (value,) in pg]
         assert lite == pg and lite, purpose
+        if "current time" in purpose:
+            assert ("late",) in lite and ("waiting",) not in lite
     assert len(differing) == len(asked)
