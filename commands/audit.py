@@ -24,7 +24,7 @@ class Position(click.IntRange):
     scripts' digits)."""
 
     def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
-        if isinstance(value, str) and not is_position(value.strip()):
+        if isinstance(value, str) and not is_position(value):
             self.fail(f"{value!r} is not a position (digits 0-9)", param, ctx)
         return super().convert(value, param, ctx)
 

@@ -86,7 +86,11 @@ def submit(ctx: click.Context, source: str, quiet: bool, batch: int) -> None:
         with Ledger.open(store_of(ctx)) as ledger:
             counts = _print(_stream(ledger, stream, batch), quiet, sys.stderr.isatty())
     if quiet:
-        click.echo(json.dumps(dict(counts)))
+        try:
+            sys.stdout.write(json.dumps(dict(counts)) + "\n")
+            sys.stdout.flush()
+        except OSError as error:
+            raise _output_lost(error, None) from None
     if counts["rejected"] or counts["invalid"]:
         ctx.exit(1)
 
@@ -157,8 +161,8 @@ def _lines(stream: IO[bytes]) -> Iterator[tuple[int, Any]]:
             while (rest := stream.readline(MAX_LINE)) and not rest.endswith(b"\n"):
                 pass
             yield number, TOO_LONG
-        elif line.strip():
-            yield number, _without_bom(number, line)
+        elif (line := _without_bom(number, line)).strip():
+            yield number, line
 
 
 BOM = b"\xef\xbb\xbf"
@@ -231,8 +235,8 @@ class Arrivals:
         self.number += 1
         if len(line) > MAX_LINE:
             self.ready.append((self.number, TOO_LONG))
-        elif line.strip():
-            self.ready.append((self.number, _without_bom(self.number, line + end)))
+        elif (line := _without_bom(self.number, line)).strip():
+            self.ready.append((self.number, line + end))
 
 
 def _pipe(stream: IO[bytes]) -> int | None:
@@ -317,15 +321,26 @@ def _print(
     return counts
 
 
-def _output_lost(error: OSError, batch: list[tuple[int, Receipt]]) -> click.ClickException:
-    """Results that could not be printed: their batch is kept all the same."""
+def _output_lost(
+    error: OSError, batch: list[tuple[int, Receipt]] | None
+) -> click.ClickException:
+    """Results that could not be printed (``batch``; None: the summary of
+    them all): what was decided is kept all the same."""
     try:  # what is still buffered goes nowhere, not into a warning at exit
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        nowhere = os.open(os.devnull, os.O_WRONLY)
+        try:
+            os.dup2(nowhere, sys.stdout.fileno())
+        finally:
+            os.close(nowhere)
     except (OSError, ValueError):
         pass
+    why = error.strerror or type(error).__name__
+    if batch is None:
+        return click.ClickException(
+            f"cannot print the summary to stdout ({why}): every line was decided and is "
+            "kept as decided")
     kept = [r.position for _, r in batch if r.position is not None]
     where = f", up to position {max(kept)}" if kept else ""
-    why = error.strerror or type(error).__name__
     return click.ClickException(
         f"cannot print the results to stdout ({why}): every line up to {batch[-1][0]} was "
         f"decided and is kept as decided{where}; later ones may be kept too (resubmit with "

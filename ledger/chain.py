@@ -28,7 +28,7 @@ from ledger.store import Store
 
 GENESIS = "0" * 64
 PAGE = 5000
-_DIGEST = re.compile(r"^(\d+):([0-9a-f]{64})$")
+_DIGEST = re.compile(r"^([0-9]+):([0-9a-f]{64})$")  # [0-9], not \d: no other scripts' digits
 
 
 def link(previous: str, position: int, topic: str, state: bytes) -> str:
@@ -161,7 +161,7 @@ class ChainCheck:
         self.unchecked: dict[int, str] = {0: GENESIS}
 
     def run(
-        self, events: Iterable[tuple[int, str | None, bytes | None]],
+        self, events: Iterable[tuple[int, str | None, bytes]],
         hashes: Iterable[tuple[int, str]],
     ) -> Break | None:
         """The first break of the chain or of the id index, by position."""
@@ -184,7 +184,7 @@ class ChainCheck:
         return broken
 
     def _walk(
-        self, events: Iterable[tuple[int, str | None, bytes | None]],
+        self, events: Iterable[tuple[int, str | None, bytes]],
         hashes: Iterable[tuple[int, str]],
     ) -> Break | None:
         kept = iter(hashes)
@@ -201,9 +201,8 @@ class ChainCheck:
                 return self._orphan_hash(stored[0])
             if stored is None or stored[0] > position:
                 return Break(position, f"position {position} has no chain hash")
-            if topic is None or state is None:
-                return Break(position, f"the event at position {position} has no "
-                             f"{'topic' if topic is None else 'state'} (edited)")
+            if topic is None:  # (a state set to NULL reads as no bytes: no match below)
+                return Break(position, f"the event at position {position} has no topic (edited)")
             recomputed = link(self.previous, position, topic, state)
             if recomputed != stored[1]:
                 return Break(
@@ -281,8 +280,7 @@ def verify(store: Store, digest: Digest | None = None) -> Verification:
         check = ChainCheck(digest, IdsCheck(store, cursor))
         head = store.head(cursor)
         events = (
-            (e.originator_version, e.topic, None if e.state is None else bytes(e.state))
-            for e in store.read_log(0, head)
+            (e.originator_version, e.topic, bytes(e.state)) for e in store.read_log(0, head)
         )
         found = check.run(events, kept_hashes(store, cursor))
     seconds = time.perf_counter() - started
@@ -310,8 +308,7 @@ def current_digest(store: Store) -> Digest:
             f"position {where} has no chain hash; run `alloc-ledger verify` to see where "
             "the log was tampered with"
         )
-    state = None if last.state is None else bytes(last.state)
-    if last.topic is None or state is None or link(before, head, last.topic, state) != kept:
+    if last.topic is None or link(before, head, last.topic, bytes(last.state)) != kept:
         raise LedgerError(
             f"the chain hash kept for position {head} does not follow from the event there "
             "and the hash before it; run `alloc-ledger verify` to see where the log was "

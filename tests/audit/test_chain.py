@@ -384,9 +384,12 @@ def test_what_is_verified_ends_before_an_id_problem_found_a_page_later(
     assert (found.position, found.verified, found.hash) == (30, 29, kept_hash(attack, 29))
 
 
-@pytest.mark.parametrize("column", ["topic", "state"])
+@pytest.mark.parametrize(("column", "problem"), [
+    ("topic", "has no topic (edited)"),
+    ("state", "does not match its chain hash (edited, inserted, moved, or its hash altered)"),
+])
 def test_an_event_without_topic_or_state_is_named_by_position(
-    attack: Attack, column: str
+    attack: Attack, column: str, problem: str
 ) -> None:
     attack.attacker.sql(
         f"UPDATE {attack.attacker.events} SET {column} = NULL WHERE originator_version = 40")
@@ -394,8 +397,8 @@ def test_an_event_without_topic_or_state_is_named_by_position(
     checked = run("verify", url=attack.target.url)
 
     assert checked.returncode == 1, checked.stderr
-    line = one_line_error(checked.stderr)
-    assert line.startswith("Error: verify failed at position 40: the event at position 40 ")
+    assert one_line_error(checked.stderr) == (
+        f"Error: verify failed at position 40: the event at position 40 {problem}")
 
 
 def test_verify_names_ids_in_the_index_that_no_kept_event_has(attack: Attack) -> None:
@@ -417,7 +420,8 @@ def test_a_digest_for_another_history_does_not_verify(
     assert run("verify", "--digest", str(forged), url=target.url).returncode == 1
 
 
-@pytest.mark.parametrize("text", ["12", "12:abc", "x:" + "a" * 64, "-1:" + "a" * 64])
+@pytest.mark.parametrize("text", ["12", "12:abc", "x:" + "a" * 64, "-1:" + "a" * 64,
+                                  "\u0663:" + "a" * 64])
 def test_a_malformed_digest_is_a_usage_error(text: str, sqlite_under_test: Any) -> None:
     refused = run("verify", "--digest", text, url=sqlite_under_test.url)
     assert refused.returncode == 2

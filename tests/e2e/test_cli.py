@@ -448,6 +448,7 @@ COMMAND_NAMES = {"submit", "query", "nodes", "allocs", "alloc", "history", "need
         (["query", "nodes", "--as-of", "2026-02-30T00:00:00Z"],
          "Invalid value for '--as-of': '2026-02-30T00:00:00Z': day is out of range for month"),
         (["replay", "--to", "0_3"], "Invalid value for '--to': '0_3' is not a position (digits 0-9)"),
+        (["replay", "--to", " 3"], "Invalid value for '--to': ' 3' is not a position (digits 0-9)"),
         (["audit", "--from", "\u0663"],
          "Invalid value for '--from': '\u0663' is not a position (digits 0-9)"),
         (["query", "history", ""], ("Invalid value for ENTITY: a node, allocation, slot (n1#0) "
@@ -864,6 +865,21 @@ CLI = [sys.executable, "-m", "commands"]
 
 def node_lines(count: int) -> str:
     return lines(*({"type": "node-registered", "node": f"n{i}"} for i in range(count)))
+
+
+def test_a_summary_stdout_cannot_take_is_one_line_and_every_event_is_kept(tmp_path, url):
+    source = tmp_path / "events.jsonl"
+    source.write_text(node_lines(30))
+
+    done = subprocess.run(
+        ["sh", "-c", '"$@" > /dev/full', "sh", *CLI, "--store", url, "submit", str(source),
+         "--quiet"], check=False, capture_output=True, text=True, timeout=120)
+
+    assert (done.returncode, one_line_of(done.stderr)) == (1, (
+        "Error: cannot print the summary to stdout (No space left on device): every line "
+        "was decided and is kept as decided"))
+    with Ledger.open(url) as ledger, ledger.store.reading() as cursor:
+        assert ledger.store.head(cursor) == 30
 
 
 @pytest.mark.parametrize("shell", ['"$@" > /dev/full', '"$@" | head -c 10 > /dev/null'])

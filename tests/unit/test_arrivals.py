@@ -67,6 +67,8 @@ def test_a_byte_order_mark_before_the_first_line_is_dropped_there_only() -> None
     data = b"\xef\xbb\xbf{}\n\xef\xbb\xbf{}\n"
     expected = [(1, b"{}\n"), (2, b"\xef\xbb\xbf{}\n")]
     assert from_file(data) == from_pipe(data, 5) == expected
+    alone = b"\xef\xbb\xbf\n{}\n"  # a first line of nothing but the mark is blank
+    assert from_file(alone) == from_pipe(alone, 5) == [(2, b"{}\n")]
 
 
 def test_lines_already_waiting_come_in_one_batch_up_to_its_size() -> None:
