@@ -25,14 +25,24 @@ wait grows with the number of writers. Here writers combine instead:
 * A writer reads its receipts only after that commit, so an acknowledged
   event is durable. If the leader's process dies, its transaction rolls back
   (the batches go back into ``handoff``), its lock is released and another
-  standby leads at once; if it stops, the server ends its lease after
-  ``timeout``/3 idle. A batch whose writer's session has ended before a
-  leader took it is dropped, not decided later on behalf of no one.
+  standby leads at once. If it stops (SIGSTOP, a machine cut off), the
+  server ends its lease after ``timeout``/3 idle (the *lease*), and its
+  round too: a round reads through a Sync, so the server waits for it idle
+  in its transaction (``ledger.postgres_store.SyncingCursor``). Where it
+  stopped between two statements, which PostgreSQL 15 does not time, the
+  next leader or a writer waiting for it ends it (``STALLED``). Either way
+  its batches go back, for the next leader. A batch whose writer's session
+  has ended before a leader took it is dropped, not decided later on behalf
+  of no one.
 
 Positions stay one gapless order: every round appends under the log's
-EXCLUSIVE lock, after the head it was decided against. A writer that hears nothing within the store's
-``timeout`` withdraws its batch if it is still waiting (nothing of it was
-written) and reports the store unavailable.
+EXCLUSIVE lock, after the head it was decided against. No one waits for a
+lock unbounded: a round waits for the log's at most the lease (its lead is
+gone by then), and a writer takes its batch back only if no round holds it
+(``WITHDRAW``). A writer that hears nothing within the store's ``timeout``
+withdraws its batch if it is still waiting (nothing of it was written) and
+reports the store unavailable; one whose batch a round holds waits once
+more as long for the answer.
 """
 
 from __future__ import annotations
@@ -44,7 +54,7 @@ import time
 import uuid
 import zlib
 from concurrent.futures import Future, ThreadPoolExecutor
-from contextlib import ExitStack
+from contextlib import ExitStack, suppress
 from typing import TYPE_CHECKING, Any
 
 import orjson
@@ -104,17 +114,55 @@ RENEW = 0.5  # seconds between a leader's renewals of its lease
 PAYLOAD = 7900  # bytes of receipts a notification carries, else they are in ``outcomes``
 RESTARTS = 3  # times a writer stands by again, while it waits, after its own leader lost the lead
 # The server ended the session (idle in a transaction past the lease, an
-# administrator, a restart) or the connection broke (no SQLSTATE): the lead
-# is lost, not the batch, which went back to ``handoff`` with the round.
-SESSION_ENDED = ("25P03", "57P01", "57P02")
+# administrator, a restart) or the connection broke (no SQLSTATE), or a round
+# waited for the log's lock as long as the lease (55P03: the lease, not
+# renewed meanwhile, is gone too): the lead is lost, not the batch, which went
+# back to ``handoff`` with the round.
+LEAD_LOST = ("25P03", "57P01", "57P02", "55P03")
+# A writer takes its batch back only if no round holds it: one that does (it
+# may be stopped) is waited for as the leader's answer, never as a lock.
+WITHDRAW = (
+    "DELETE FROM handoff WHERE id IN "
+    "(SELECT id FROM handoff WHERE batch = %s FOR UPDATE SKIP LOCKED) RETURNING 1"
+)
+# Sessions that hold the log's lock, or batches taken from ``handoff``, in
+# the middle of a transaction whose client has sent nothing for longer than
+# the lease while the server waits for it *active* (ClientRead): between two
+# statements of a pipeline, where PostgreSQL 15 runs no timer (see
+# ``ledger.postgres_store.SyncingCursor``). A leader or writer stopped or cut
+# off there: whoever waits for it ends it, as the server ends one stopped
+# idle in its transaction.
+STALLED = (
+    "SELECT DISTINCT a.pid FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid "
+    "WHERE l.granted AND l.database = (SELECT oid FROM pg_database "
+    "WHERE datname = current_database()) "
+    "AND ((l.relation = 'stored_events'::regclass AND l.mode = 'ExclusiveLock') "
+    "OR (l.relation = 'handoff'::regclass AND l.mode = 'RowExclusiveLock')) "
+    "AND a.state = 'active' AND a.wait_event = 'ClientRead' AND a.pid <> pg_backend_pid() "
+    "AND a.state_change < now() - make_interval(secs => %s)"
+)
+
+
+def end_stalled(connection: psycopg.Connection[Any], lease: float) -> None:
+    """End the ``STALLED`` sessions (those this role may end: its own)."""
+    for (pid,) in connection.execute(STALLED, (lease,)).fetchall():
+        with suppress(psycopg.errors.InsufficientPrivilege):
+            connection.execute("SELECT pg_terminate_backend(%s)", (pid,))
 
 
 def lost_lead(error: BaseException) -> bool:
-    """Whether a leader's failure was its session ending, not its work failing."""
+    """Whether a leader's failure was its session ending (or its lease running
+    out waiting for the log's lock), not its work failing."""
     cause = error.__cause__ if isinstance(error, StoreUnavailable) else error
     if isinstance(cause, psycopg.OperationalError) and cause.sqlstate is None:
         return True  # the connection broke
-    return isinstance(cause, psycopg.Error) and cause.sqlstate in SESSION_ENDED
+    return isinstance(cause, psycopg.Error) and cause.sqlstate in LEAD_LOST
+
+
+def _listen(connection: psycopg.Connection[Any]) -> None:
+    """Wait for a batch to be handed over, at most ``POLL`` seconds."""
+    for _ in connection.notifies(timeout=POLL, stop_after=1):
+        pass
 
 
 def _wait(committing: Future[None] | None) -> None:
@@ -176,7 +224,7 @@ class Handoff:
             raise lost from None
 
     def _await(self, connection: psycopg.Connection[Any], key: str) -> list[Receipt]:
-        deadline = time.monotonic() + self.timeout
+        deadline = stand_by_until = time.monotonic() + self.timeout
         taken = False
         restarts = 0
         while True:
@@ -191,7 +239,9 @@ class Handoff:
                 if row is not None:
                     return [Receipt(*fields) for fields in orjson.loads(row[0])]
             ended = self.ended  # read once: its two parts were published together
-            if ended is not None and ended[1] and restarts < RESTARTS and time.monotonic() <= deadline:
+            if ended is not None and ended[1] and restarts < RESTARTS and (
+                time.monotonic() <= stand_by_until
+            ):
                 # This process's leader lost the lead (it stalled past its
                 # lease: Ctrl-Z and fg): its round rolled back, and the batch
                 # waits in ``handoff`` for whoever leads next. Stand by again,
@@ -200,31 +250,47 @@ class Handoff:
                 continue
             if ended is None and self.cannot_stand_by is not None:
                 self._stand_by()  # try again: another process may lead meanwhile
-            if ended is not None or time.monotonic() > deadline:
+            # A round that failed in the database (not the lead lost) is told at once.
+            failed = None if ended is None or ended[1] else ended[0]
+            late = time.monotonic() > deadline
+            if late or (failed is not None and not taken):
+                if self._withdraw(connection, key):  # nothing of it was written
+                    if failed is not None:
+                        raise failed
+                    raise StoreUnavailable(
+                        f"store {self.store.shown}: no writer decided the batch within "
+                        f"{self.timeout:g} s (nothing of it was written{self._why(ended)})"
+                    )
                 if taken:  # a leader took it and has not answered in twice the time
                     raise StoreUnavailable(
                         f"store {self.store.shown}: the leader that took the batch did not "
                         f"answer within {self.timeout:g} s (its events may or may not be kept)"
                     )
-                if self._withdraw(connection, key):
-                    if ended is not None:
-                        raise ended[0]
-                    why = ("" if self.cannot_stand_by is None else
-                           f"; this process could not stand by: {self.cannot_stand_by}")
-                    raise StoreUnavailable(
-                        f"store {self.store.shown}: no writer decided the batch within "
-                        f"{self.timeout:g} s (nothing of it was written{why})"
-                    )
-                taken = True  # its answer should be coming
+                # A round holds it: its answer should be coming. A leader
+                # that stopped has its round ended after the lease, by the
+                # server or here: the batch is back, for the next leader.
+                end_stalled(connection, self.lease)
+                taken = True
                 deadline = time.monotonic() + self.timeout
+
+    def _why(self, ended: tuple[BaseException, bool] | None) -> str:
+        """Why this process did not decide the batch itself, if it knows."""
+        if self.cannot_stand_by is not None:
+            return f"; this process could not stand by: {self.cannot_stand_by}"
+        if ended is None:
+            return ""
+        # It lost the lead as often as it may stand by again.
+        if isinstance(ended[0].__cause__, psycopg.errors.LockNotAvailable):
+            return (f"; its leader waited {self.lease:g} s for the log's lock in vain: "
+                    "another session holds it, a writer stopped or cut off maybe")
+        why = str(ended[0]).removeprefix(f"store {self.store.shown}: ")
+        return f"; this process lost the lead: {why}"
 
     @staticmethod
     def _withdraw(connection: psycopg.Connection[Any], key: str) -> bool:
-        """Take a batch back if no leader has taken it; whether it was still there."""
-        row = connection.execute(
-            "DELETE FROM handoff WHERE batch = %s RETURNING 1", (key,)
-        ).fetchone()
-        return row is not None
+        """Take a batch back unless a leader has taken it or holds it in a
+        round; whether it was taken back."""
+        return connection.execute(WITHDRAW, (key,)).fetchone() is not None
 
     def _writer_connection(self) -> psycopg.Connection[Any]:
         if self.connection is None or self.connection.closed:
@@ -295,7 +361,7 @@ class Handoff:
         cut off) loses the lead, and its rounds, and another standby leads.
         A leader renews it between rounds."""
         committing: Future[None] | None = None
-        renewed = time.monotonic()
+        renewed = looked = time.monotonic()
         with (
             self.store.connect(idle=self.lease) as one,
             self.store.connect(idle=self.lease) as other,
@@ -307,14 +373,24 @@ class Handoff:
                     if time.monotonic() - renewed > RENEW:
                         lease.execute("SELECT 1")  # fails if the lead was lost
                         renewed = time.monotonic()
-                    if committing is None:
+                    idle = committing is None
+                    if idle:
                         handed = connection.execute(ANY_HANDED).fetchone()
                         if not (handed and handed[0]):  # no log lock when idle
-                            for _ in connection.notifies(timeout=POLL, stop_after=1):
-                                pass
+                            _listen(connection)
                             continue
-                    written = self._round(next(turns), committing)
+                    try:
+                        written = self._round(next(turns), committing)
+                    except StoreUnavailable as error:
+                        if isinstance(error.__cause__, psycopg.errors.LockNotAvailable):
+                            end_stalled(connection, self.lease)  # it waited a lease for the log
+                        raise
                     committing = None if written is None else committer.submit(written.close)
+                    if written is None and idle:  # every batch handed is in another's round
+                        if time.monotonic() - looked > RENEW:
+                            end_stalled(connection, self.lease)  # a leader stopped in it?
+                            looked = time.monotonic()
+                        _listen(connection)
             finally:
                 if committing is not None:
                     committing.result()
@@ -348,6 +424,7 @@ class Handoff:
             else:
                 receipts = self.decider.write_ahead(cursor, decided)
             self._give(cursor, batches, receipts)
+            self.store.send_commit()  # not left to the committer thread: see _Pipelined
         except BaseException:
             self.decider.forget()  # what it decided may not be kept
             transaction.__exit__(*sys.exc_info())  # rolls back: the batches go back

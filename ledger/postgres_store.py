@@ -25,7 +25,8 @@ import re
 import threading
 import zlib
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager, nullcontext
+from contextlib import contextmanager, nullcontext, suppress
+from functools import partial
 from typing import Any, NoReturn
 from urllib.parse import SplitResult, unquote
 
@@ -70,9 +71,10 @@ LIBPQ_OPTIONS = (
     "keepalives_count", "tcp_user_timeout",
 )
 OPTIONS = {"schema", "projections", "writers", "connect_timeout", "timeout", *LIBPQ_OPTIONS}
-# A writer that stalls inside its transaction (a client on a machine cut off
-# from the network) must not hold the log's lock until TCP notices: the server
-# ends such a session after this many seconds idle in a transaction.
+# A session that stalls inside its transaction (a client on a machine cut off
+# from the network) must not hold its locks until TCP notices: the server ends
+# it after this many seconds idle in a transaction (a write transaction: after
+# the lease, ``BOUNDED``).
 IDLE_IN_TRANSACTION = 60
 # Writers and the projector look rows up by key only, in tables that are young
 # and often not yet analyzed: a planner without statistics reads a whole table
@@ -85,6 +87,14 @@ IDLE_IN_TRANSACTION = 60
 KEYS_ONLY = (
     "SELECT set_config('enable_seqscan', 'off', true), set_config('jit', 'off', true), "
     "set_config('enable_hashjoin', 'off', true), set_config('enable_mergejoin', 'off', true)"
+)
+# A write transaction's limits: how long it waits for a lock (the log's, a
+# row's), and how long the server lets its client stall idle in it (the
+# lease): a writer or leader stopped (SIGSTOP, a machine cut off) while it
+# holds the log's lock loses it, and no one waits for a lock unbounded.
+BOUNDED = (
+    f"{KEYS_ONLY}, set_config('lock_timeout', %s, true), "
+    "set_config('idle_in_transaction_session_timeout', %s, true)"
 )
 
 APPEND_ONLY = [
@@ -116,6 +126,77 @@ def _triggers(table: str) -> list[str]:
         f"""CREATE OR REPLACE TRIGGER {table}_no_truncate BEFORE TRUNCATE ON {table}
             FOR EACH STATEMENT EXECUTE FUNCTION refuse_change()""",
     ]
+
+
+class SyncingCursor(psycopg.Cursor[Any]):
+    """A cursor whose reads in a pipeline end it with a Sync, where psycopg's
+    own send a Flush (one round trip either way).
+
+    After a Flush the server waits for the next statement *active*, and
+    PostgreSQL (15) runs no timer there: ``statement_timeout`` stops when each
+    statement completes, the idle timer starts only at a Sync. A writer
+    stopped between two reads held its transaction, and the log's lock, until
+    it resumed. After a Sync the server waits *idle in transaction*, and
+    ``idle_in_transaction_session_timeout`` ends a session whose client stopped
+    (SIGSTOP, a machine cut off). (psycopg has no public switch: this replaces
+    the one step that sends the Flush. A Sync after every statement would
+    close the rest of the gap, but psycopg hands results that come back
+    before they are read to the cursor's next statement.)"""
+
+    def _fetch_pipeline(self) -> None:
+        pipeline = self._conn._pipeline
+        if (
+            isinstance(pipeline, psycopg.Pipeline)
+            and self._execmany_returning is not False
+            and not self.pgresult
+        ):
+            pipeline.sync()
+
+
+class _Pipelined:
+    """A transaction in pipeline mode: BEGIN goes with its first statements,
+    COMMIT (or ROLLBACK) with a Sync.
+
+    Not psycopg's ``transaction()``, which in a pipeline ends with a Sync,
+    then a Flush, then COMMIT: PostgreSQL stops the idle-in-transaction timer
+    when the Flush arrives and starts it again only at the next Sync, so a
+    client stopped before its COMMIT held the transaction, and the log's
+    lock, until it resumed. Here the server waits for the client inside the
+    transaction after a Sync (``SyncingCursor``), or for as long as the client
+    takes between two statements."""
+
+    def __init__(self, connection: psycopg.Connection[Any]) -> None:
+        self.connection = connection
+        self.committed = False
+
+    def commit(self) -> None:
+        """Send the COMMIT now (the server commits when it arrives); its
+        answer is read when the transaction ends."""
+        if not self.committed:
+            self.connection.execute("COMMIT")
+            self.committed = True
+
+    @classmethod
+    @contextmanager
+    def begin(cls, connection: psycopg.Connection[Any]) -> Iterator[_Pipelined]:
+        with connection.pipeline() as pipeline:
+            transaction = cls(connection)
+            connection.execute("BEGIN")
+            try:
+                yield transaction
+                transaction.commit()
+                pipeline.sync()
+            except BaseException:
+                with suppress(psycopg.Error):  # the server skips what follows an error until a Sync
+                    pipeline.sync()
+                with suppress(psycopg.Error):  # a connection lost is rolled back by the server
+                    connection.execute("ROLLBACK")
+                    pipeline.sync()
+                raise
+
+
+def _ms(seconds: float) -> str:
+    return f"{max(1, round(seconds * 1000))}ms"
 
 
 def describe(error: BaseException) -> str:
@@ -164,8 +245,11 @@ class PostgresStore:
         self.stream = LEDGER_STREAM
         self._local = threading.local()
         self._preload = Preload()
+        dbname = unquote(parts.path.lstrip("/"))
+        if not dbname:  # libpq would pick one (the user's name, PGDATABASE): not the ledger's
+            self._fail("the URL names no database (postgresql://user@host:port/db)")
         self.connect_args: dict[str, Any] = {
-            "dbname": unquote(parts.path.lstrip("/")),
+            "dbname": dbname,
             "host": parts.hostname or "",
             "port": parts.port or 5432,
             "user": unquote(parts.username or ""),
@@ -183,7 +267,8 @@ class PostgresStore:
                 pool_size=1, max_overflow=3, pool_open_timeout=timeout,
                 idle_in_transaction_session_timeout=IDLE_IN_TRANSACTION,
             )
-            self.datastore.pool.kwargs.update(extra)  # type: ignore[union-attr]
+            arguments = self.datastore.pool.kwargs  # every pooled connection's
+            arguments.update(extra, cursor_factory=SyncingCursor)  # type: ignore[union-attr]
             self.recorder = LogRecorder(self.datastore, tracking_table_name=TRACKING)
             self.datastore.register_type_adapters()
         except (PersistenceError, psycopg.Error) as error:
@@ -223,7 +308,10 @@ class PostgresStore:
     def _connect(self, timeout: float, extra: dict[str, str]) -> psycopg.Connection[Any]:
         arguments: dict[str, Any] = {**self.connect_args, **extra}
         try:
-            return psycopg.connect(**arguments, connect_timeout=max(1, int(timeout)), autocommit=True)
+            return psycopg.connect(
+                **arguments, connect_timeout=max(1, int(timeout)), autocommit=True,
+                cursor_factory=SyncingCursor,
+            )
         except psycopg.Error as error:
             self._fail(self._why_not_connected(error))
 
@@ -337,33 +425,45 @@ class PostgresStore:
     @contextmanager
     def _transaction(
         self, prepare: Callable[[Any], None], pipelined: bool = False,
-        given: psycopg.Connection[Any] | None = None,
+        given: psycopg.Connection[Any] | None = None, waits: float | None = None,
     ) -> Iterator[Any]:
         """One transaction on a pooled connection (or the one given); ``pipelined``:
         statements whose results are not read are sent without waiting (psycopg
         pipeline mode), so a write transaction costs a round trip per read, not
-        per statement."""
+        per statement. ``waits``: the seconds ``prepare`` lets it wait for a lock."""
         try:
             with (
                 nullcontext(given) if given else self.datastore.get_connection()
             ) as connection, (
-                connection.pipeline() if pipelined else nullcontext()
-            ), connection.transaction():
+                _Pipelined.begin(connection) if pipelined else connection.transaction()
+            ) as transaction:
                 cursor = connection.cursor(row_factory=tuple_row)
                 prepare(cursor)
                 self._local.cursor = cursor
+                self._local.transaction = transaction
                 try:
                     yield cursor
                 finally:
                     self._local.cursor = None
+                    self._local.transaction = None
                     self._local.last = None
                     self._local.ids = None
         except (psycopg.Error, PersistenceError) as error:  # the cause kept: see lost_lead
+            cause = error.__cause__ if isinstance(error, PersistenceError) else error
+            if isinstance(cause, psycopg.errors.LockNotAvailable):  # ``lock_timeout``
+                raise StoreUnavailable(
+                    f"store {self.shown}: gave up waiting for a lock after {waits or 0:g} s (the "
+                    "log's, most likely: its holder may be a writer stopped or cut off); nothing "
+                    "of this transaction was written"
+                ) from cause
             raise StoreUnavailable(f"store {self.shown}: {describe(error)}") from error
 
     def writing(self) -> Any:
-        """A write transaction: the log's EXCLUSIVE lock first, then everything else."""
-        return self._transaction(self._lock_log, pipelined=True)
+        """A write transaction: the log's EXCLUSIVE lock first, then everything
+        else; it waits for a lock at most the store's ``timeout``."""
+        timeout = self.handoff.timeout
+        return self._transaction(
+            partial(self._lock_log, timeout), pipelined=True, waits=timeout)
 
     def projecting(self) -> Any:
         """A transaction for the projection tables: the tracking row locked, never the log."""
@@ -376,17 +476,34 @@ class PostgresStore:
     def combining(self, connection: psycopg.Connection[Any]) -> Any:
         """A write transaction on a connection of the leader's own
         (``connect(idle=...)``) that takes the log's lock only when
-        asked (``lock_log``): a leader takes batches and decides them first."""
-        return self._transaction(self._keys_only, pipelined=True, given=connection)
+        asked (``lock_log``): a leader takes batches and decides them first.
+        It waits for a lock no longer than the lead lasts unrenewed (the lease)."""
+        lease = self.handoff.lease
+        return self._transaction(
+            partial(self._bounded, lease), pipelined=True, given=connection, waits=lease)
 
-    def _lock_log(self, cursor: Any) -> None:
-        self._keys_only(cursor)
+    def send_commit(self) -> None:
+        """Send the COMMIT of this thread's combining transaction now: the
+        server commits as soon as it arrives, while the thread that ends
+        the transaction (the leader's committer) waits for its answer."""
+        transaction = getattr(self._local, "transaction", None)
+        if isinstance(transaction, _Pipelined):
+            transaction.commit()
+
+    def _lock_log(self, waits: float, cursor: Any) -> None:
+        self._bounded(waits, cursor)
         self.lock_log(cursor)
 
+    def _bounded(self, waits: float, cursor: Any) -> None:
+        """Keys only; a lock waited for at most ``waits`` seconds; the session
+        ended by the server when its client stalls longer than the lease."""
+        cursor.execute(BOUNDED, (_ms(waits), _ms(self.handoff.lease)))
+
     def lock_log(self, cursor: Any, tracking: bool | None = None) -> None:
-        """The log's EXCLUSIVE lock, and the tracking row's when the projections
-        follow inline (``tracking``; by default as this store's URL says)."""
-        self.recorder._lock_table(cursor.connection.cursor())
+        """The log's EXCLUSIVE lock (the recorder's), and the tracking row's when
+        the projections follow inline (``tracking``; by default as this store's
+        URL says). How long it waits is the transaction's ``lock_timeout``."""
+        cursor.connection.cursor().execute(self.recorder.lock_statement, prepare=True)
         if self.projects_inline if tracking is None else tracking:
             self._lock_tracking(cursor)
 

@@ -177,6 +177,13 @@ class LogRecorder(PostgresProcessRecorder):
             id_type=sql.SQL(self.datastore.originator_id_type),
         ) + sql.SQL(rows_of(["bigint", "text", "text"]) + " r(version, topic, state)")
         self.insert_rows = statement.as_string(None)
+        # The library's lock (``_lock_table``) without the ``SET LOCAL
+        # lock_timeout`` it sends first (the datastore's: none): the store
+        # bounds the wait itself (``PostgresStore.lock_log``).
+        self.lock_statement = sql.SQL("LOCK TABLE {schema}.{table} IN EXCLUSIVE MODE").format(
+            schema=sql.Identifier(self.datastore.schema),
+            table=sql.Identifier(self.events_table_name),
+        ).as_string(None)
 
 
 INSERT_HASHES = f"INSERT INTO event_hashes (position, hash) SELECT * FROM {rows_of(['bigint', 'text'])} r"

@@ -2,18 +2,20 @@
 several writers' batches are decided in one transaction, in order; a batch
 whose writer has gone is dropped, never decided later; a writer that no
 leader answers withdraws its batch and says so; a leader that stops hands
-the lead to a standby of another writer."""
+the lead to a standby of another writer, and its round is ended, so that the
+others carry on; no writer waits for a lock past its timeout."""
 
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
 import threading
 import time
 import zlib
-from contextlib import ExitStack
+from contextlib import ExitStack, suppress
 from pathlib import Path
 from typing import Any
 
@@ -228,10 +230,12 @@ def test_a_round_whose_commit_fails_goes_back_and_another_leader_decides_it(pg_u
     def round_that_cannot_commit(connection: Any, committing: Any) -> Any:
         written = decide_round(connection, committing)
         if written is not None:
-            connection.close()  # before its commit: the server rolls the round back
+            connection.close()  # before its COMMIT is sent: the server rolls the round back
         return written
 
     handoff._round = round_that_cannot_commit
+    # The round's COMMIT is sent when it ends, not before: after the close.
+    leader.store.send_commit = lambda: None  # type: ignore[attr-defined]
     try:
         with Ledger.open(pg_url) as writer:  # its standby leads once the first has failed
             receipt = writer.submit({"type": "heartbeat", "node": "n1", "id": "again"})
@@ -289,12 +293,13 @@ def test_a_lead_is_lost_when_the_session_ends_not_when_the_work_fails() -> None:
 
     ended = [psycopg.OperationalError("server closed the connection unexpectedly"),
              psycopg.errors.IdleInTransactionSessionTimeout("idle-in-transaction timeout"),
-             psycopg.errors.AdminShutdown("terminating connection")]
+             psycopg.errors.AdminShutdown("terminating connection"),
+             psycopg.errors.LockNotAvailable("canceling statement due to lock timeout")]
     failed = [psycopg.errors.InsufficientPrivilege("permission denied"),
               psycopg.errors.DiskFull("could not extend file"),
               psycopg.errors.UniqueViolation("duplicate key"), RuntimeError("a bug")]
-    assert [lost_lead(e) for e in ended] == [True] * 3
-    assert [lost_lead(wrapped(e)) for e in ended] == [True] * 3
+    assert [lost_lead(e) for e in ended] == [True] * 4
+    assert [lost_lead(wrapped(e)) for e in ended] == [True] * 4
     assert [lost_lead(e) for e in failed] == [False] * 4
     assert [lost_lead(wrapped(e)) for e in failed] == [False] * 4
 
@@ -347,6 +352,177 @@ def test_a_stopped_leader_loses_the_lead_and_a_standby_decides(pg_url, tables):
         leader.stdin.close()
         leader.wait(timeout=30)
     assert tables(pg_url).head() == 3
+
+
+# A leader that stops itself in the middle of a round, once it has read the
+# head under the log's lock: it holds that lock and the batches it took.
+LEADER_STOPS_MID_ROUND = """
+import os, signal, sys
+from ledger.application import Ledger
+
+with Ledger.open(sys.argv[1]) as ledger:
+    print(ledger.submit({"type": "heartbeat", "node": "n1"}).status, flush=True)  # it leads
+    store = ledger.store
+    head = store.head
+
+    def head_then_stop(cursor):
+        store.head = head
+        position = head(cursor)
+        os.kill(os.getpid(), signal.SIGSTOP)
+        return position
+
+    store.head = head_then_stop
+    receipt = ledger.submit({"type": "heartbeat", "node": "n1", "id": "stopped"})
+    print(receipt.status, receipt.position, flush=True)
+"""
+
+
+def _stopped(pid: int) -> bool:
+    with open(f"/proc/{pid}/stat") as stat:
+        return stat.read().rsplit(")", 1)[1].split()[0] == "T"
+
+
+def _run(*args: str) -> subprocess.Popen[bytes]:
+    return subprocess.Popen(
+        [sys.executable, *args], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
+
+
+def _log_lock_held_by(pg_admin: Any, schema: str, application: str) -> list[tuple[Any, ...]]:
+    """The state of each session of an application that holds the log's lock."""
+    return pg_admin(
+        "SELECT a.state FROM pg_locks l JOIN pg_stat_activity a USING (pid) "
+        f"WHERE l.relation = to_regclass('{schema}.stored_events') "
+        f"AND l.mode = 'ExclusiveLock' AND l.granted AND a.application_name = '{application}'"
+    )
+
+
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads /proc")
+def test_writers_carry_on_while_the_leader_is_stopped_in_the_middle_of_a_round(
+    pg_url, pg_schema, pg_admin, tables
+):
+    """A leader stopped mid-round (SIGSTOP, a machine cut off) holds the log's
+    lock and the batches it took. The server ends its round once it has idled
+    for the lease (a third of ``timeout``): the other writers carry on while
+    it is still stopped, and its own batch, back in ``handoff``, is decided
+    by the next leader and answered when it resumes."""
+    timeout = 3
+    pg_url += COMBINE + f"&timeout={timeout}"
+    _register(pg_url, "n1")
+    leader = _run("-c", LEADER_STOPS_MID_ROUND, f"{pg_url}&application_name=stopped")
+    writers: list[subprocess.Popen[bytes]] = []
+    assert leader.stdout is not None
+    try:
+        assert leader.stdout.readline() == b"appended\n"  # it leads now
+        deadline = time.monotonic() + 30
+        while not _stopped(leader.pid):  # in its next round
+            assert leader.poll() is None and time.monotonic() < deadline
+            time.sleep(0.02)
+        assert _log_lock_held_by(pg_admin, pg_schema, "stopped")  # the premise
+        started = time.monotonic()
+        writers = [_run("-m", "commands", "--store", pg_url, "submit", "-") for _ in range(2)]
+        ends = [
+            writer.communicate(b'{"type": "heartbeat", "node": "n1", "id": "w%d"}\n' % number,
+                               timeout=2 * timeout + 2)  # at most: what a writer waits
+            for number, writer in enumerate(writers)
+        ]
+        took = time.monotonic() - started
+
+        assert _stopped(leader.pid)  # all this while
+        assert _log_lock_held_by(pg_admin, pg_schema, "stopped") == []
+        for writer, (out, err) in zip(writers, ends, strict=True):
+            assert (writer.returncode, out.count(b'"appended"')) == (0, 1), err
+        assert took < timeout  # the server ended the stopped round after the lease (1 s)
+    finally:
+        os.kill(leader.pid, signal.SIGCONT)
+        for process in writers:
+            if process.poll() is None:
+                process.kill()
+                process.wait()
+        try:
+            answer, err = leader.communicate(timeout=30)
+        except subprocess.TimeoutExpired:
+            leader.kill()
+            raise
+
+    assert (leader.returncode, answer.split()[:1], err) == (0, [b"appended"], b"")  # decided once
+    assert tables(pg_url).head() == 5
+    assert tables(pg_url).value("SELECT count(*) FROM event_ids WHERE id = 'stopped'") == 1
+    assert tables(pg_url).value("SELECT count(*) FROM handoff") == 0
+    with Ledger.open(pg_url) as ledger:
+        assert verify(ledger.store).ok
+
+
+def _submit(url: str, timeout: float) -> subprocess.CompletedProcess[bytes]:
+    """``submit -`` of one heartbeat, given at most ``timeout`` seconds."""
+    return subprocess.run(
+        [sys.executable, "-m", "commands", "--store", url, "submit", "-"],
+        input=b'{"type": "heartbeat", "node": "n1", "id": "w"}\n', capture_output=True,
+        timeout=timeout, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)}, check=False,
+    )
+
+
+@pytest.mark.parametrize("writers, reason", [
+    ("combine", (r"no writer decided the batch within 2 s \(nothing of it was written; its "
+                 r"leader waited 1 s for the log's lock in vain: another session holds it")),
+    ("lock", (r"gave up waiting for a lock after 2 s \(the log's, most likely: its holder may "
+              r"be a writer stopped or cut off\); nothing of this transaction was written")),
+])
+def test_a_writer_waits_no_longer_than_its_timeout_for_a_log_lock_never_let_go(
+    pg_url, pg_schema, pg_admin, tables, writers, reason
+):
+    """A session that holds the log's lock and never lets go (idle in its
+    transaction, with no timeout: someone's psql) costs a writer its
+    ``timeout`` at most (twice, for a batch a leader took): exit 3, one line,
+    nothing written."""
+    timeout = 2
+    _register(pg_url, "n1")
+    with psycopg.connect(os.environ["ALLOC_LEDGER_TEST_PG"], autocommit=True,
+                         application_name="holder") as holder:
+        holder.execute("BEGIN")
+        holder.execute(f"LOCK TABLE {pg_schema}.stored_events IN EXCLUSIVE MODE")
+        started = time.monotonic()
+        result = _submit(f"{pg_url}&writers={writers}&timeout={timeout}", 2 * timeout + 5)
+        took = time.monotonic() - started
+        assert _log_lock_held_by(pg_admin, pg_schema, "holder") == [("idle in transaction",)]
+
+    assert result.returncode == 3, result
+    assert result.stdout == b""
+    assert len(result.stderr.decode().splitlines()) == 1, result.stderr
+    assert re.search(reason, result.stderr.decode()), result.stderr
+    assert took < (2 if writers == "combine" else 1) * timeout + 2  # and its start
+    assert tables(pg_url).head() == 1  # nothing of it was written
+    assert tables(pg_url).value("SELECT count(*) FROM handoff") == 0
+
+
+def test_a_leader_ends_a_session_stalled_with_the_log_in_the_middle_of_a_pipeline(
+    pg_url, pg_schema, pg_admin, tables
+):
+    """A session stopped between two statements of a pipeline waits for its
+    client "active", where PostgreSQL 15 runs no timer: it would hold the
+    log's lock until it resumed. A leader that waited the lease for the lock
+    ends it, and the writers carry on."""
+    timeout = 3
+    _register(pg_url, "n1")
+    holder = psycopg.connect(os.environ["ALLOC_LEDGER_TEST_PG"], autocommit=True,
+                             application_name="holder")
+    try:
+        with suppress(psycopg.OperationalError), holder.pipeline():  # the session is ended
+            holder.execute("BEGIN")
+            holder.execute(f"LOCK TABLE {pg_schema}.stored_events IN EXCLUSIVE MODE")
+            holder.execute("SELECT 1").fetchone()  # psycopg's Flush: no Sync
+            assert _log_lock_held_by(pg_admin, pg_schema, "holder") == [("active",)]
+            started = time.monotonic()
+            result = _submit(f"{pg_url}{COMBINE}&timeout={timeout}", 2 * timeout + 5)
+            took = time.monotonic() - started
+    finally:
+        holder.close()
+
+    assert (result.returncode, result.stdout.count(b'"appended"')) == (0, 1), result
+    assert took < timeout + 1
+    assert _log_lock_held_by(pg_admin, pg_schema, "holder") == []
+    assert tables(pg_url).head() == 2
 
 
 def test_a_writer_with_inline_projections_has_them_followed_by_any_leader(pg_url, tables):

@@ -272,6 +272,44 @@ def test_a_missing_database_is_exit_3_in_one_line(server, fails_to_open):
                   'database "no_such_database_here" does not exist')
 
 
+@pytest.mark.parametrize("path", ["", "/"])
+def test_a_url_without_a_database_is_refused_before_connecting(server, monkeypatch, path):
+    """libpq would pick a database itself (the user's name): a ledger there
+    is not the one meant."""
+    import psycopg
+
+    def connect(*args: object, **kwargs: object) -> None:
+        raise AssertionError("connected")
+
+    monkeypatch.setattr(psycopg, "connect", connect)
+    with pytest.raises(StoreUnavailable, match=(
+        r"^cannot open store postgresql://[^ ]+: the URL names no database "
+        r"\(postgresql://user@host:port/db\)$"
+    )):
+        open_store(f"postgresql://{server['user']}@{server['where']}{path}?schema=nowhere")
+
+
+def test_a_writer_given_a_url_without_a_database_is_exit_3_and_writes_nowhere(
+    server, pg_schema, alloc_ledger
+):
+    import psycopg
+
+    url = f"postgresql://{server['user']}@{server['where']}?schema={pg_schema}"
+    default = f"postgresql://{server['user']}@{server['where']}/{server['user'] or 'postgres'}"
+    try:
+        result = alloc_ledger("submit", "heartbeat", "--node", "x", url=url)
+    finally:  # libpq's default database (the user's name) would hold the ledger: drop it
+        with psycopg.connect(default, autocommit=True) as connection:
+            made = connection.execute(
+                "SELECT 1 FROM pg_namespace WHERE nspname = %s", (pg_schema,)).fetchall()
+            connection.execute(f"DROP SCHEMA IF EXISTS {pg_schema} CASCADE")
+
+    refused = (f"Error: cannot open store {url}: the URL names no database "
+               "(postgresql://user@host:port/db)")
+    assert (result.returncode, result.stdout, result.stderr.splitlines()) == (3, "", [refused])
+    assert made == []
+
+
 def test_an_unknown_role_is_exit_3_in_one_line_without_showing_its_password(
     server, fails_to_open
 ):
