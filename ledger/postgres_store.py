@@ -410,7 +410,8 @@ class PostgresStore:
             for prefix in ("", STATE_PREFIX):
                 tables.create(cursor, self.dialect, prefix=prefix)
                 tables.upgrade(cursor, self.dialect, prefix=prefix)  # made by an earlier version
-            tables.create_status_view(cursor, self.dialect, str(self.stream), PROJECTIONS)
+            if tables.create_status_view(cursor, self.dialect, str(self.stream), PROJECTIONS):
+                self._grant_like(cursor, tables.STATUS_VIEW, "needs_reconnect")
             for statement in HANDOFF_TABLES:
                 cursor.execute(statement)
             cursor.execute(
@@ -650,6 +651,18 @@ class PostgresStore:
             yield wait
         finally:
             connection.close()
+
+    @staticmethod
+    def _grant_like(cursor: Any, new: str, existing: str) -> None:
+        """Let whoever may read ``existing`` read ``new`` too (a view an
+        upgrade adds, for the roles ``grant_reporting`` let read the others)."""
+        cursor.execute(
+            "SELECT DISTINCT grantee FROM information_schema.role_table_grants "
+            "WHERE table_schema = current_schema() AND table_name = %s "
+            "AND privilege_type = 'SELECT' AND grantee <> current_user", (existing,))
+        for (grantee,) in cursor.fetchall():
+            role = sql.SQL("PUBLIC") if grantee == "PUBLIC" else sql.Identifier(grantee)
+            cursor.execute(sql.SQL("GRANT SELECT ON {} TO {}").format(sql.Identifier(new), role))
 
     def grant_reporting(self, role: str) -> list[str]:
         """Let a role read the projection tables and views, and nothing else."""

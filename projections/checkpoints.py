@@ -5,7 +5,7 @@ replayed state (compressed) with the position and the latest ``at`` so far.
 They are a cache derived from the log: deleting them loses nothing.
 
 Each is bound to the log: its ``hash`` covers the chain hash kept for its
-position and its own bytes. One that does not match (its state edited,
+position, its latest ``at`` and its state. One that does not match (its state edited,
 copied from another ledger, or the log under it rewritten) or cannot be
 read is not used, and is dropped where the role may, so the next replay
 past it keeps a good one. Like the chain, this catches careless tampering;
@@ -16,13 +16,13 @@ from __future__ import annotations
 
 import zlib
 from hashlib import sha256
-from typing import Any
 
 import orjson
 
 from ledger.domain import Cluster, Snapshot
 from ledger.errors import StoreUnavailable
 from ledger.store import Store
+from projections import tables
 
 EVERY = 100_000
 
@@ -33,20 +33,6 @@ def _table(store: Store) -> str:
         "CREATE TABLE IF NOT EXISTS checkpoints ("
         f"position BIGINT PRIMARY KEY, max_at TEXT NOT NULL, state {blob} NOT NULL, hash TEXT)"
     )
-
-
-def _hash_column(store: Store, cursor: Any) -> None:
-    """A table an earlier release made has no ``hash``: its rows are never
-    used. (Looked up first: adding a column takes the table's owner and its
-    strongest lock, even where it is there already.)"""
-    if store.dialect == "sqlite":
-        cursor.execute("SELECT 1 FROM pragma_table_info('checkpoints') WHERE name = 'hash'")
-    else:
-        cursor.execute(
-            "SELECT 1 FROM information_schema.columns WHERE table_schema = current_schema() "
-            "AND table_name = 'checkpoints' AND column_name = 'hash'")
-    if cursor.fetchone() is None:
-        cursor.execute("ALTER TABLE checkpoints ADD COLUMN hash TEXT")
 
 
 def bound(chain_hash: str | None, max_at: str, state: bytes) -> str | None:
@@ -119,7 +105,8 @@ def keep(store: Store, cluster: Cluster, position: int, max_at: str) -> None:
     try:
         with store.projecting() as cursor:
             cursor.execute(_table(store))
-            _hash_column(store, cursor)
+            # a table an earlier release made has no ``hash``: its rows are never used
+            tables.add_column(cursor, store.dialect, "checkpoints", "hash", "TEXT")
             digest = bound(store.hash_at(cursor, position), max_at, state)
             if digest is None:
                 return  # no chain hash kept for it: verify names that

@@ -130,12 +130,13 @@ def create_statements(prefix: str = "", dialect: str = "sqlite") -> list[str]:
 STATUS_VIEW = "projection_status"
 
 
-def create_status_view(cursor: Any, dialect: str, stream: str, application: str) -> None:
+def create_status_view(cursor: Any, dialect: str, stream: str, application: str) -> bool:
     """The view of the live tables' lag behind the log (once): ``stream``
-    is the log's, ``application`` the projections' row in ``tracking``."""
+    is the log's, ``application`` the projections' row in ``tracking``.
+    Whether it was made now."""
     cursor.execute(view_exists_check(dialect, STATUS_VIEW))
     if cursor.fetchone() is not None:
-        return
+        return False
     cursor.execute(
         f"""CREATE VIEW {STATUS_VIEW} AS
         SELECT h.head AS head_position, t.projected AS projected_position,
@@ -145,14 +146,7 @@ def create_status_view(cursor: Any, dialect: str, stream: str, application: str)
              (SELECT COALESCE(MAX(notification_id), 0) AS projected FROM tracking
               WHERE application_name = '{application}') t"""
     )
-    if dialect != "sqlite":  # made by an upgrade: who reads the views reads this one too
-        cursor.execute(
-            "SELECT DISTINCT grantee FROM information_schema.role_table_grants "
-            "WHERE table_schema = current_schema() AND table_name = 'needs_reconnect' "
-            "AND privilege_type = 'SELECT' AND grantee <> current_user")
-        for (grantee,) in cursor.fetchall():
-            role = "PUBLIC" if grantee == "PUBLIC" else '"' + grantee.replace('"', '""') + '"'
-            cursor.execute(f"GRANT SELECT ON {STATUS_VIEW} TO {role}")
+    return True
 
 
 def view_exists_check(dialect: str, name: str) -> str:
@@ -192,14 +186,7 @@ def upgrade(cursor: Any, dialect: str, prefix: str = "") -> None:
     PostgreSQL view is replaced in place, keeping what was granted on it)."""
     for table, columns in ADDED_COLUMNS.items():
         for column, kind in columns:
-            if dialect == "sqlite":
-                cursor.execute(
-                    f"SELECT 1 FROM pragma_table_info('{prefix}{table}') WHERE name = ?", (column,))
-                if cursor.fetchone() is None:
-                    cursor.execute(f"ALTER TABLE {prefix}{table} ADD COLUMN {column} {kind}")
-            else:
-                cursor.execute(
-                    f"ALTER TABLE {prefix}{table} ADD COLUMN IF NOT EXISTS {column} {kind}")
+            add_column(cursor, dialect, prefix + table, column, kind)
     for view in CHANGED_VIEWS:
         statement = next(s for s in create_statements(prefix, dialect)
                          if s.startswith(f"CREATE VIEW {prefix}{view} "))
@@ -208,6 +195,20 @@ def upgrade(cursor: Any, dialect: str, prefix: str = "") -> None:
             cursor.execute(statement)
         else:
             cursor.execute(statement.replace("CREATE VIEW", "CREATE OR REPLACE VIEW", 1))
+
+
+def add_column(cursor: Any, dialect: str, table: str, column: str, kind: str) -> None:
+    """Add a column a table made by an earlier version lacks. Looked up first:
+    adding one takes the table's owner and its strongest lock, even where the
+    column is there already (PostgreSQL's ``ADD COLUMN IF NOT EXISTS``)."""
+    if dialect == "sqlite":
+        cursor.execute(f"SELECT 1 FROM pragma_table_info('{table}') WHERE name = '{column}'")
+    else:
+        cursor.execute(
+            "SELECT 1 FROM information_schema.columns WHERE table_schema = current_schema() "
+            f"AND table_name = '{table}' AND column_name = '{column}'")
+    if cursor.fetchone() is None:
+        cursor.execute(f"ALTER TABLE {table} ADD COLUMN {column} {kind}")
 
 
 def create_indexes(cursor: object, prefix: str = "") -> None:
