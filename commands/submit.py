@@ -86,11 +86,7 @@ def submit(ctx: click.Context, source: str, quiet: bool, batch: int) -> None:
         with Ledger.open(store_of(ctx)) as ledger:
             counts = _print(_stream(ledger, stream, batch), quiet, sys.stderr.isatty())
     if quiet:
-        try:
-            sys.stdout.write(json.dumps(dict(counts)) + "\n")
-            sys.stdout.flush()
-        except OSError as error:
-            raise _output_lost(error, None) from None
+        _out(json.dumps(dict(counts)) + "\n", None)
     if counts["rejected"] or counts["invalid"]:
         ctx.exit(1)
 
@@ -301,16 +297,10 @@ def _print(
 ) -> Counter[str]:
     counts: Counter[str] = Counter(appended=0, duplicate=0, rejected=0, invalid=0)
     shown = time.monotonic()
-    out = sys.stdout
     for batch in results:
         for _, receipt in batch:
             counts[receipt.status] += 1
-        try:
-            if not quiet:
-                out.write("".join(_result_line(number, receipt) for number, receipt in batch))
-            out.flush()
-        except OSError as error:  # stdout full, or closed by its reader (a broken pipe)
-            raise _output_lost(error, batch) from None
+        _out("" if quiet else "".join(_result_line(n, receipt) for n, receipt in batch), batch)
         if progress and time.monotonic() - shown > 0.2:
             shown = time.monotonic()
             done = sum(counts.values())
@@ -319,6 +309,16 @@ def _print(
     if progress:
         click.echo("\r" + " " * 60 + "\r", err=True, nl=False)
     return counts
+
+
+def _out(text: str, batch: list[tuple[int, Receipt]] | None) -> None:
+    """Print results at once: those of ``batch``, or (None) the summary."""
+    try:
+        if text:  # (an empty write reaches a full device, an empty flush does not)
+            sys.stdout.write(text)
+        sys.stdout.flush()
+    except OSError as error:  # stdout full, or closed by its reader (a broken pipe)
+        raise _output_lost(error, batch) from None
 
 
 def _output_lost(

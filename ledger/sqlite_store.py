@@ -86,14 +86,12 @@ def sqlite_missing() -> str | None:
     return None
 
 
-def _holds_ledger(path: str, uri: str | None = None) -> bool:
-    """Whether a file is a ledger (its schema version set), read without
-    writing anything (through ``uri``, a read-only one, if given); a file
-    SQLite cannot read counts as one, so that opening it reports why."""
-    if not os.path.exists(path):
-        return False
+def _holds_ledger(uri: str) -> bool:
+    """Whether a file is a ledger (its schema version set), read through a
+    read-only URI of it; a file SQLite cannot read counts as one, so that
+    opening it reports why."""
     try:
-        with closing(sqlite3.connect(uri or f"file:{quote(path)}?mode=ro", uri=True)) as probe:
+        with closing(sqlite3.connect(uri, uri=True)) as probe:
             return bool(probe.execute("PRAGMA user_version").fetchone()[0])
     except sqlite3.Error:
         return True
@@ -157,14 +155,14 @@ class SQLiteStore:
         self.read_only = not self._may_write()
         if create and self.read_only:
             raise StoreUnavailable(f"cannot open store {url}: {self._target()} is not writable")
-        name = self._db_name() if self.read_only and os.path.exists(path) else path
-        if not create and not _holds_ledger(path, None if name == path else name):
+        if not create and not (os.path.exists(path) and _holds_ledger(self._reading_uri())):
             raise StoreUnavailable(
                 f"cannot open store {url}: there is no ledger at {path} (nothing has been "
                 "submitted to it; check --store)"
             )
         try:
-            self.datastore = SQLiteDatastore(name, lock_timeout=int(timeout) or 1)
+            self.datastore = SQLiteDatastore(
+                self._reading_uri() if self.read_only else path, lock_timeout=int(timeout) or 1)
             self.recorder = SQLiteProcessRecorder(self.datastore)
             self._create_schema_waiting(timeout)
         except (PersistenceError, sqlite3.Error) as error:
@@ -209,14 +207,16 @@ class SQLiteStore:
     def _may_write(self) -> bool:
         return os.access(self._target(), os.R_OK | os.W_OK)
 
-    def _db_name(self) -> str:
-        """A read-only URI of the file, for a process that may not write it.
-        A file no one can write (on a read-only file system, or immutable)
-        is read as it is. Any other is read through the WAL files its writer
+    def _reading_uri(self) -> str:
+        """A read-only URI of the file. For a process that may not write it,
+        a file no one can write (on a read-only file system, or immutable)
+        is read as it is; any other is read through the WAL files its writer
         keeps beside it while it has it open; without them, a reader would
         make them itself, and they would shut out the file's owner (or,
         where it may make none, it could not read the file): refused."""
         name = "file:" + quote(os.path.abspath(self.path)) + "?mode=ro"
+        if not self.read_only:
+            return name
         if _unchangeable(self.path):
             return name + "&immutable=1"
         if not all(os.path.exists(self.path + end) for end in ("-wal", "-shm")):
