@@ -10,7 +10,7 @@ from click.core import ParameterSource
 
 from commands import follower
 from commands.cli import store_of
-from commands.output import line
+from commands.output import echo, line
 from ledger.application import Ledger
 from ledger.errors import BadOption
 from ledger.events import json_schema
@@ -104,7 +104,7 @@ def schema() -> None:
 
     Example: alloc-ledger schema > event.schema.json
     """
-    click.echo(json.dumps(json_schema(), indent=2))
+    echo(json.dumps(json_schema(), indent=2))
 
 
 COMMANDS = [project, schema, grant_reporting]

@@ -8,7 +8,7 @@ from typing import Any
 import click
 
 from commands.cli import opened
-from commands.output import chosen, emit, emit_object, format_option
+from commands.output import chosen, echo, emit, emit_object, format_option
 from ledger.chain import Digest, current_digest
 from ledger.chain import verify as verify_chain
 from ledger.errors import LedgerError
@@ -112,9 +112,9 @@ def digest(ctx: click.Context, fmt: str) -> None:
     with opened(ctx) as store:
         head = current_digest(store)
     if fmt == "json":
-        click.echo(json.dumps({"position": head.position, "hash": head.hash, "digest": str(head)}))
+        echo(json.dumps({"position": head.position, "hash": head.hash, "digest": str(head)}))
     else:
-        click.echo(str(head))
+        echo(str(head))
 
 
 @click.command()
@@ -157,7 +157,7 @@ def _print_sections(found: dict[str, Any]) -> None:
     emit_object(summary, "table")
     for section in SECTIONS:
         rows = found[section]
-        click.echo(f"\n{section.replace('_', ' ')} ({len(rows)}):")
+        echo(f"\n{section.replace('_', ' ')} ({len(rows)}):")
         emit(rows, AUDIT_COLUMNS[section], "table")
 
 

@@ -11,8 +11,10 @@ from contextlib import contextmanager
 from typing import Any
 
 import click
+from click.core import ParameterSource
 
 from commands.console import interrupted
+from commands.output import output_lost, printable, require_stdout, write
 from ledger.errors import BadOption, LedgerError, StoreUnavailable
 from ledger.store import Store
 
@@ -78,6 +80,8 @@ class LedgerGroup(click.Group):
             raise  # not an error: click shows the help
         except click.UsageError as error:
             raise one_line(error, error.ctx.command_path if error.ctx else "alloc-ledger") from None
+        except OSError as error:  # from click printing the help or the version
+            raise output_lost(error) from None
 
     def resolve_command(
         self, ctx: click.Context, args: list[str]
@@ -87,7 +91,19 @@ class LedgerGroup(click.Group):
 
     def invoke(self, ctx: click.Context) -> Any:
         try:
-            return super().invoke(ctx)
+            return self._run(ctx)
+        except click.exceptions.NoArgsIsHelpError:
+            raise  # its message is the help
+        except click.ClickException as error:  # one line, whatever text it names
+            error.message = printable(error.message)
+            raise
+
+    def _run(self, ctx: click.Context) -> Any:
+        try:
+            require_stdout()
+            done = super().invoke(ctx)
+            write("")  # what is still buffered: a stdout that cannot take it is one line too
+            return done
         except click.exceptions.NoArgsIsHelpError:
             raise
         except click.UsageError as error:
@@ -125,13 +141,16 @@ def one_line(error: click.UsageError, where: str) -> click.UsageError:
     message = error.format_message()
     if isinstance(error, click.NoSuchOption) and error.option_name == "--store":
         message += f" ({STORE_GOES_FIRST.format('COMMAND')})"
-    return click.UsageError(f"{message} (see '{where} --help')")
+    return click.UsageError(printable(f"{message} (see '{where} --help')"))
+
+
+STORE_VARIABLE = "ALLOC_LEDGER_STORE"
 
 
 @click.group(cls=LedgerGroup)
 @click.option(
     "--store",
-    envvar="ALLOC_LEDGER_STORE",
+    envvar=STORE_VARIABLE,
     default="sqlite:///alloc-ledger.db",
     show_default=True,
     show_envvar=True,
@@ -148,11 +167,21 @@ def cli(ctx: click.Context, store: str) -> None:
 
     Example: alloc-ledger submit heartbeat --node n1
     """
-    ctx.obj = {"store": store}
+    unset = ctx.get_parameter_source("store") is ParameterSource.DEFAULT
+    # click reads an empty variable as no variable: "$UNSET" must not mean the default
+    ctx.obj = {"store": None if unset and os.environ.get(STORE_VARIABLE) == "" else store}
 
 
 def store_of(ctx: click.Context) -> str:
-    return str(ctx.find_root().obj["store"])
+    """The store URL the command line names; an empty one (``--store ''``,
+    or ALLOC_LEDGER_STORE set to nothing) is refused."""
+    store = ctx.find_root().obj["store"]
+    if store is None:
+        raise StoreError(f"cannot open store '': the store URL is empty ({STORE_VARIABLE} is set "
+                         "but empty; unset it for the default)")
+    if not store:
+        raise StoreError("cannot open store '': the store URL is empty")
+    return str(store)
 
 
 @contextmanager

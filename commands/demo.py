@@ -14,7 +14,7 @@ from typing import Any
 import click
 from click.core import ParameterSource
 
-from commands.output import emit, emit_object
+from commands.output import echo, emit, emit_object
 from commands.stories import EPILOGUE, STORIES, Ask, Step, Story
 from ledger.application import Ledger, Receipt
 from ledger.model import timestamp
@@ -68,21 +68,21 @@ def show_step(step: Step, receipt: Receipt) -> bool:
     """Print what one event did; return whether it went as the story says."""
     status = receipt.status
     where = "" if receipt.position is None else str(receipt.position)
-    click.echo(f"  {where:>3} {status:<9} {step.event['type']:<22} {step.says}")
+    echo(f"  {where:>3} {status:<9} {step.event['type']:<22} {step.says}")
     if receipt.error:
-        click.echo(f"      {'':<9} {'':<22} -> {receipt.error}")
+        echo(f"      {'':<9} {'':<22} -> {receipt.error}")
     if (status, receipt.error) == (step.expect, step.reason):
         return True
     expected = step.expect + (f" ({step.reason})" if step.reason else "")
-    click.echo(f"      UNEXPECTED: the story expects {expected}")
+    echo(f"      UNEXPECTED: the story expects {expected}")
     return False
 
 
 def show_answer(ledger: Ledger, ask: Ask) -> None:
     """Print a question as the query command that asks it of this point of
     history, then its answer from the live tables."""
-    click.echo(f"\n  $ alloc-ledger query {' '.join(ask.args())} --as-of {head_of(ledger)}")
-    click.echo(f"  # {ask.says}")
+    echo(f"\n  $ alloc-ledger query {' '.join(ask.args())} --as-of {head_of(ledger)}")
+    echo(f"  # {ask.says}")
     found = answer(ledger.store, ask)
     if isinstance(found, dict):
         emit_object(found, "table")
@@ -93,22 +93,22 @@ def show_answer(ledger: Ledger, ask: Ask) -> None:
 def tell(ledger: Ledger, story: Story, number: int) -> int:
     """Submit a story event by event, answering its questions on the way;
     return how many events did not go as the story says."""
-    click.echo(f"== {number}/{len(STORIES)} {story.title} ==")
-    click.echo(f"Reproduces {story.reports}.")
-    click.echo(story.narration)
-    click.echo()
+    echo(f"== {number}/{len(STORIES)} {story.title} ==")
+    echo(f"Reproduces {story.reports}.")
+    echo(story.narration)
+    echo()
     astray = 0
     answered = False
     for item in story.items:
         if isinstance(item, Step):
             if answered:
-                click.echo()
+                echo()
             receipt = ledger.submit(json.dumps(item.event))  # as a JSON Lines producer sends it
             astray += not show_step(item, receipt)
         else:
             show_answer(ledger, item)
         answered = isinstance(item, Ask)
-    click.echo()
+    echo()
     return astray
 
 
@@ -157,16 +157,16 @@ def demo(ctx: click.Context, store: str | None) -> None:
     with demo_store(url) as target, Ledger.open(target) as ledger:
         check_empty(ledger, target)
         where = "a temporary file" if url is None else target
-        click.echo(f"alloc-ledger demo: four bug reports replayed as events (store: {where})\n")
+        echo(f"alloc-ledger demo: four bug reports replayed as events (store: {where})\n")
         astray = sum(tell(ledger, story, n) for n, story in enumerate(STORIES, 1))
-        click.echo("== After the stories ==")
+        echo("== After the stories ==")
         for ask in EPILOGUE:
             show_answer(ledger, ask)
-    click.echo()
+    echo()
     if url is not None:
-        click.echo(f"The store is kept: alloc-ledger --store {shlex.quote(url)} query nodes")
+        echo(f"The store is kept: alloc-ledger --store {shlex.quote(url)} query nodes")
     else:
-        click.echo("Run with --store sqlite:///demo.db to keep the store and query it.")
+        echo("Run with --store sqlite:///demo.db to keep the store and query it.")
     if astray:
         raise click.ClickException(f"{astray} events did not go as the stories say")
 

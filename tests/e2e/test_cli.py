@@ -779,6 +779,27 @@ def test_a_malformed_store_url_exits_3_in_one_line_without_its_password(tmp_path
     one_line_store_error(result, message)
 
 
+@pytest.mark.parametrize("args", [
+    ["submit", "node-registered", "--node", "n1"], ["query", "nodes"], ["project"],
+    ["grant-reporting", "grafana"],
+], ids=" ".join)
+def test_an_empty_store_variable_is_refused_not_read_as_the_default(tmp_path, monkeypatch, args):
+    """ALLOC_LEDGER_STORE="$UNSET" once wrote ./alloc-ledger.db."""
+    monkeypatch.chdir(tmp_path)
+    result = invoke(args, code=3, env={"ALLOC_LEDGER_STORE": ""})
+    one_line_store_error(result, "cannot open store '': the store URL is empty "
+                         "(ALLOC_LEDGER_STORE is set but empty; unset it for the default)")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_the_store_on_the_command_line_needs_no_store_variable(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    url = f"sqlite:///{tmp_path}/given.db"
+    invoke(["--store", url, "submit", "node-registered", "--node", "n1"],
+           env={"ALLOC_LEDGER_STORE": ""})
+    assert [p.name for p in tmp_path.iterdir()] == ["given.db"]
+
+
 def test_a_password_given_as_a_url_parameter_is_not_shown_either():
     result = invoke(["--store", "postgresql://127.0.0.1/db?password=s3cret&bogus=1", "query",
                      "nodes"], code=3)
@@ -904,7 +925,7 @@ def test_results_stdout_cannot_take_are_one_line_and_every_batch_is_kept(
 
 @pytest.mark.parametrize(("shell", "error"), [
     ('"$@" heartbeat --node n1 >&-',
-     "Error: stdout is closed: the results could not be printed; nothing submitted"),
+     "Error: stdout is closed: the output could not be printed; nothing was done"),
     ('"$@" - <&-', "Error: stdin is closed: there is nothing to read from -"),
 ])
 def test_a_closed_stdout_or_stdin_is_a_usage_error_and_nothing_is_submitted(url, shell, error):

@@ -1,0 +1,186 @@
+"""What every command prints, and a stdout that cannot take it: closed from
+the start (``>&-``: exit 2, nothing done), full (``/dev/full``), closed by
+its reader (``| head``) or a file at its size limit (exit 1); one line on
+stderr each time, never a traceback or Python's "Exception ignored".
+
+Values are printed so a line stays a line: JSON escapes the line breaks it
+may leave raw (U+2028, U+2029, U+0085), tables and error lines escape
+newlines, tabs and other control characters.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+from click.testing import CliRunner, Result
+
+from commands.cli import cli
+from ledger.application import Ledger
+
+CLI = [sys.executable, "-m", "commands"]
+
+CLOSED = "Error: stdout is closed: the output could not be printed; nothing was done"
+FULL = "Error: cannot print the output to stdout (No space left on device)"
+
+PRINTING = [  # every command that prints, with arguments it runs with
+    ["query", "nodes"],
+    ["query", "nodes", "--format", "table"],
+    ["query", "nodes", "--format", "jsonl"],
+    ["query", "nodes", "--format", "csv"],
+    ["query", "alloc", "a1", "--format", "csv"],
+    ["schema"],
+    ["verify"],
+    ["verify", "--format", "table"],
+    ["digest"],
+    ["digest", "--format", "json"],
+    ["audit"],
+    ["audit", "--format", "jsonl"],
+    ["replay"],
+    ["project"],
+    ["demo"],
+]
+
+
+def invoke(args: list[str], code: int = 0, **kw: Any) -> Result:
+    result = CliRunner().invoke(cli, args, prog_name="alloc-ledger", **kw)
+    assert result.exit_code == code, result.output
+    assert result.exception is None or isinstance(result.exception, SystemExit), result.exc_info
+    return result
+
+
+def run(shell: str, *args: str) -> subprocess.CompletedProcess[str]:
+    """The command line ``args`` run by ``sh -c shell`` (as ``"$@"``)."""
+    return subprocess.run(["sh", "-c", shell, "sh", *CLI, *args],
+                          check=False, capture_output=True, text=True, timeout=120)
+
+
+def one_line_of(stderr: str) -> str:
+    assert stderr.count("\n") == 1 and "Traceback" not in stderr, stderr
+    return stderr.strip()
+
+
+@pytest.fixture
+def url(tmp_path: Path) -> str:
+    return f"sqlite:///{tmp_path}/ledger.db"
+
+
+def submitted(url: str, *events: dict[str, Any], status: str = "appended") -> str:
+    with Ledger.open(url) as ledger:
+        assert {r.status for r in ledger.submit_batch(list(events))} == {status}
+    return url
+
+
+@pytest.fixture
+def small(url: str) -> str:
+    """A node running a1, and a placement refused (so the audit finds something)."""
+    submitted(
+        url,
+        {"type": "node-registered", "node": "n1", "slots": 2},
+        {"type": "heartbeat", "node": "n1"},
+        {"type": "alloc-placed", "alloc": "a1", "node": "n1", "slot": 0},
+    )
+    return submitted(url, {"type": "alloc-placed", "alloc": "a2", "node": "n1", "slot": 0},
+                     status="rejected")
+
+
+# -- stdout closed from the start ------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "args", [*PRINTING, ["grant-reporting", "grafana"], ["submit", "heartbeat", "--node", "n1"]],
+    ids=" ".join)
+def test_a_closed_stdout_is_a_usage_error_and_nothing_is_done(url, args):
+    done = run('"$@" >&-', "--store", url, *args)
+
+    assert (done.returncode, one_line_of(done.stderr)) == (2, CLOSED)
+    assert not Path(url[len("sqlite:///"):]).exists()  # not even opened
+
+
+# -- stdout that cannot take the output ------------------------------------------------
+
+
+@pytest.mark.parametrize("args", PRINTING, ids=" ".join)
+def test_a_full_stdout_is_one_line_and_exit_1(small, args):
+    store = [] if args == ["demo"] else ["--store", small]  # the demo needs an empty store
+    done = run('"$@" > /dev/full', *store, *args)
+
+    assert (done.returncode, one_line_of(done.stderr)) == (1, FULL)
+
+
+@pytest.mark.parametrize("args", [["--help"], ["--version"]], ids=" ".join)
+def test_help_or_version_to_a_full_stdout_is_one_line_not_a_traceback(args):
+    done = run('"$@" > /dev/full', *args)
+    assert (done.returncode, one_line_of(done.stderr)) == (1, FULL)
+
+
+@pytest.mark.parametrize("fmt", ["json", "jsonl", "csv", "table"])
+def test_a_reader_that_stops_early_ends_it_with_one_line(url, fmt):
+    submitted(url, *({"type": "node-registered", "node": f"n{i}"} for i in range(5000)))
+    reading = subprocess.Popen(
+        [*CLI, "--store", url, "query", "nodes", "--format", fmt],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    assert reading.stdout is not None and reading.stderr is not None
+    assert len(reading.stdout.read(10)) == 10
+    reading.stdout.close()  # as `| head -c 10` does, far from the end (200 kB on)
+
+    stderr = reading.stderr.read().decode()
+    assert (reading.wait(timeout=120), one_line_of(stderr)) == (
+        1, "Error: cannot print the output to stdout (Broken pipe)")
+
+
+def test_output_cut_short_by_a_file_size_limit_is_not_a_success(tmp_path):
+    """A write cut short reports how much it wrote, not the error: the rest
+    would be dropped and the command exit 0 with half a schema in the file."""
+    out = tmp_path / "schema.json"
+    done = run(f'trap "" XFSZ; ulimit -f 4; "$@" > {out}', "schema")
+
+    assert (done.returncode, one_line_of(done.stderr)) == (
+        1, "Error: cannot print the output to stdout (File too large)")
+    assert 0 < out.stat().st_size < len(invoke(["schema"]).stdout)
+
+
+# -- a line stays a line ---------------------------------------------------------------
+
+SEPARATED = "n\u2028x\u2029y\x85z"  # legal in JSON text as they are, but line breaks to many
+
+
+def test_json_escapes_the_line_breaks_it_may_leave_raw(url):
+    submitted(url, {"type": "node-registered", "node": SEPARATED})
+    for fmt, lines in (("jsonl", 1), ("json", None)):
+        printed = invoke(["--store", url, "query", "nodes", "--format", fmt]).stdout
+
+        assert not {"\u2028", "\u2029", "\x85"} & set(printed)
+        assert "n\\u2028x\\u2029y\\u0085z" in printed
+        assert lines is None or len(printed.splitlines()) == lines
+        found = [json.loads(line) for line in printed.splitlines()] if lines else json.loads(printed)
+        assert [row["node"] for row in found] == [SEPARATED]
+
+
+def test_json_without_line_breaks_keeps_its_text_as_it_is(url):
+    submitted(url, {"type": "node-registered", "node": "nœud\\u2028"})
+    printed = invoke(["--store", url, "query", "nodes", "--format", "jsonl"]).stdout
+    assert '"node": "nœud\\\\u2028"' in printed
+
+
+def test_table_cells_escape_newlines_tabs_and_control_characters(url):
+    submitted(url, {"type": "node-registered", "node": "a\nb\tc\x1b[31m\u2028d"})
+    printed = invoke(["--store", url, "query", "nodes", "--format", "table"]).stdout
+
+    assert printed.splitlines()[1].startswith("a\\nb\\tc\\x1b[31m\\u2028d  initializing")
+    assert len(printed.splitlines()) == 2
+
+
+def test_csv_keeps_values_as_they_are(url):
+    submitted(url, {"type": "node-registered", "node": "a\nb\u2028c"})
+    printed = invoke(["--store", url, "query", "nodes", "--format", "csv"]).stdout
+    assert printed.split("\n", 1)[1].startswith('"a\nb\u2028c",initializing')
+
+
+def test_an_error_naming_a_value_is_one_line(small):
+    result = invoke(["--store", small, "query", "history", "n\nx\u2028y"], code=1)
+    assert result.stderr == "Error: no event or rejection names n\\nx\\u2028y\n"
