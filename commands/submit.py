@@ -16,6 +16,7 @@ from typing import IO, Any
 import click
 
 from commands.cli import STORE_GOES_FIRST, store_of
+from commands.output import ClosedStream, json_text, write
 from ledger.application import Ledger, Receipt
 from ledger.errors import InvalidEvent
 from ledger.events import EVENT_TYPES, TYPES_NAMED, fields_of, from_flags
@@ -69,10 +70,9 @@ def submit(ctx: click.Context, source: str, quiet: bool, batch: int) -> None:
     One result line per event on stdout, printed once the event is durable:
     {"line": n, "status": "appended|duplicate|rejected|invalid", "position": p, "error": "…"}.
     Exit 0 when every event was appended or duplicate, 1 when any was invalid or
-    rejected, 3 when the store cannot be opened.
+    rejected (a retry of a rejected event answers duplicate with the rejection
+    as its error, and counts as rejected here), 3 when the store cannot be opened.
     """
-    if sys.stdout is None:  # started with stdout closed (>&-): the results would be lost
-        raise ClosedStream("stdout is closed: the results could not be printed; nothing submitted")
     if source in EVENT_TYPES:
         receipts = [_one_from_flags(ctx, source)]
         counts = _print([list(enumerate(receipts, 1))], quiet, progress=False)
@@ -86,8 +86,8 @@ def submit(ctx: click.Context, source: str, quiet: bool, batch: int) -> None:
         with Ledger.open(store_of(ctx)) as ledger:
             counts = _print(_stream(ledger, stream, batch), quiet, sys.stderr.isatty())
     if quiet:
-        _out(json.dumps(dict(counts)) + "\n", None)
-    if counts["rejected"] or counts["invalid"]:
+        _out(json.dumps(counts.summary()) + "\n", None)
+    if counts[UNSETTLED]:
         ctx.exit(1)
 
 
@@ -125,12 +125,6 @@ def _pairs(args: list[str]) -> dict[str, str]:
             raise click.UsageError(f"--{name} is given twice")
         flags[field] = value
     return flags
-
-
-class ClosedStream(click.ClickException):
-    """The command was started without the stream it reads or writes."""
-
-    exit_code = 2
 
 
 def _open(source: str) -> IO[bytes]:
@@ -285,25 +279,38 @@ def _result_line(number: int, receipt: Receipt) -> str:
     """``json.dumps({"line": number} | receipt.as_dict())`` and a newline, without
     building the dict (a stream prints one per event)."""
     position = "null" if receipt.position is None else receipt.position
-    error = "null" if receipt.error is None else json.dumps(receipt.error, ensure_ascii=False)
+    error = "null" if receipt.error is None else json_text(receipt.error)
     return (
         f'{{"line": {number}, "status": "{receipt.status}", '
         f'"position": {position}, "error": {error}}}\n'
     )
 
 
+UNSETTLED = "unsettled"  # not in the summary: events that did not take effect (exit 1)
+
+
+class Counts(Counter[str]):
+    """Receipts by status (the ``--quiet`` summary), and how many did not
+    take effect: the rejected, the invalid, and retries of a rejection."""
+
+    def summary(self) -> dict[str, int]:
+        return {status: n for status, n in self.items() if status != UNSETTLED}
+
+
 def _print(
     results: Any, quiet: bool, progress: bool
-) -> Counter[str]:
-    counts: Counter[str] = Counter(appended=0, duplicate=0, rejected=0, invalid=0)
+) -> Counts:
+    counts = Counts(appended=0, duplicate=0, rejected=0, invalid=0)
     shown = time.monotonic()
     for batch in results:
         for _, receipt in batch:
             counts[receipt.status] += 1
+            if receipt.status != "appended" and not receipt.ok:
+                counts[UNSETTLED] += 1
         _out("" if quiet else "".join(_result_line(n, receipt) for n, receipt in batch), batch)
         if progress and time.monotonic() - shown > 0.2:
             shown = time.monotonic()
-            done = sum(counts.values())
+            done = sum(counts.summary().values())
             click.echo(f"\r{done} events, {counts['rejected']} rejected, "
                        f"{counts['invalid']} invalid", err=True, nl=False)
     if progress:
@@ -313,28 +320,12 @@ def _print(
 
 def _out(text: str, batch: list[tuple[int, Receipt]] | None) -> None:
     """Print results at once: those of ``batch``, or (None) the summary."""
-    try:
-        if text:  # (an empty write reaches a full device, an empty flush does not)
-            sys.stdout.write(text)
-        sys.stdout.flush()
-    except OSError as error:  # stdout full, or closed by its reader (a broken pipe)
-        raise _output_lost(error, batch) from None
+    write(text, lambda why: _output_lost(why, batch))
 
 
-def _output_lost(
-    error: OSError, batch: list[tuple[int, Receipt]] | None
-) -> click.ClickException:
+def _output_lost(why: str, batch: list[tuple[int, Receipt]] | None) -> click.ClickException:
     """Results that could not be printed (``batch``; None: the summary of
     them all): what was decided is kept all the same."""
-    try:  # what is still buffered goes nowhere, not into a warning at exit
-        nowhere = os.open(os.devnull, os.O_WRONLY)
-        try:
-            os.dup2(nowhere, sys.stdout.fileno())
-        finally:
-            os.close(nowhere)
-    except (OSError, ValueError):
-        pass
-    why = error.strerror or type(error).__name__
     if batch is None:
         return click.ClickException(
             f"cannot print the summary to stdout ({why}): every line was decided and is "

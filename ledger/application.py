@@ -14,13 +14,14 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, Self
 
-from ledger import events, pipeline
+from ledger import events, pipeline, retries
 from ledger.chain import GENESIS, link
 from ledger.collection import fewer_collections
 from ledger.domain import AlreadyPlaced, Cluster, touched_by
 from ledger.errors import InvalidEvent, LedgerError, RuleViolation
 from ledger.model import OUT_OF_YEARS, RULES, Event, Fact, Receipt, answered, timestamp, valid_of
-from ledger.records import REJECTED, Record, encode
+from ledger.records import REJECTED, Record, decode, encode
+from ledger.retries import First
 from ledger.store import LoggedEvent, Store, open_store
 from projections.projector import Projector
 from projections.rows import ChangedRows, Statements, TableSource, changed_rows
@@ -63,7 +64,7 @@ class Ledger:
         self.rules = RULES  # what it decides by, and records (``ledger.model.RULES``)
         # The last position this process decided, with its chain hash.
         self._last: tuple[int, str] | None = None
-        self._recent_ids: dict[str, int] = {}  # client ids of the last batch it decided
+        self._recent_ids: dict[str, First] = {}  # client ids of the last batch it decided
         self._deciding = threading.RLock()  # a PostgreSQL standby thread may decide too
 
     @classmethod
@@ -189,10 +190,7 @@ class Ledger:
         base = self._hash_at(cursor, after)
         self.source.cursor = cursor
         self.store.preload(cursor, self.sql, self.cluster, batch)
-        ids = [e["id"] for e in batch if "id" in e]
-        known = self.store.known_ids(cursor, ids)
-        for recent in self._recent_ids.keys() & set(ids):
-            known.setdefault(recent, self._recent_ids[recent])  # decided, maybe not committed
+        firsts = self._firsts(cursor, [e["id"] for e in batch if "id" in e])
         moment = now()
         recorded_at = timestamp(moment)
         receipts: list[Receipt] = []
@@ -200,8 +198,8 @@ class Ledger:
         new_ids = []
         for event in batch:
             ident = event.get("id")
-            if ident is not None and ident in known:
-                receipts.append(Receipt("duplicate", known[ident]))
+            if ident is not None and ident in firsts:
+                receipts.append(retries.answer(event, firsts[ident]))
                 continue
             if "at" not in event:
                 event["at"] = recorded_at
@@ -212,7 +210,7 @@ class Ledger:
             head = record.position
             kept.append(encode(record))
             if ident is not None:
-                known[ident] = head
+                firsts[ident] = First(head, event, record.reason)
                 new_ids.append((ident, head))
             if record.rejected:
                 receipts.append(Receipt("rejected", head, record.reason))
@@ -221,8 +219,24 @@ class Ledger:
         hashes = self._chain(base, kept)
         changed = changed_rows(self.cluster.take_changes()) if kept else []
         self._last = hashes[-1] if hashes else (after, base)
-        self._recent_ids = dict(new_ids)
+        self._recent_ids = {ident: firsts[ident] for ident, _ in new_ids}
         return Decided(after, base, head, batch, receipts, kept, hashes, new_ids, changed)
+
+    def _firsts(self, cursor: Any, ids: list[str]) -> dict[str, First]:
+        """What was kept under those of ``ids`` already in the ledger: decided
+        in the last batch (maybe not committed yet), or read from the log."""
+        if not ids:
+            return {}
+        known = self.store.known_ids(cursor, ids)
+        firsts = {i: self._recent_ids[i] for i in self._recent_ids.keys() & set(ids)}
+        unread = {position for ident, position in known.items() if ident not in firsts}
+        if unread:
+            kept = {r.position: r for r in map(decode, self.store.kept_at(cursor, sorted(unread)))}
+            for ident, position in known.items():
+                if ident not in firsts:
+                    record = kept.get(position)  # missing: a damaged log, which verify names
+                    firsts[ident] = First(position, record and record.event, record and record.reason)
+        return firsts
 
     def _write(self, cursor: Any, decided: Decided, inline: bool | None) -> None:
         if decided.kept:

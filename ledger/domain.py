@@ -155,14 +155,19 @@ class Cluster:
         self._rejections.append(Rejection(fact.position, kind, entity, reason, event, fact.at))
 
     def related(self, event: dict[str, Any]) -> list[str]:
-        """Entities a refused event concerns beyond those it names: the node and
-        slot of its allocation, the holders of the slot and addresses it asks for."""
+        """Entities a refused event concerns beyond those it names: the node,
+        slot and held addresses of its allocation, the holders of the slot and
+        addresses it asks for."""
         found: list[str] = []
         alloc = self.alloc(event["alloc"]) if isinstance(event.get("alloc"), str) else None
         if alloc is not None:
             found.append(alloc.node)
             if alloc.slot is not None:
                 found.append(f"{alloc.node}#{alloc.slot}")
+            for address in alloc.addresses:  # those it still holds (an early removal's)
+                hold = self.address(address)
+                if hold is not None and hold.alloc == alloc.alloc:
+                    found.append(address)
         node = event.get("node")
         slot = event.get("slot")
         if isinstance(node, str) and isinstance(slot, int) and self.node(node) is not None:
@@ -273,13 +278,14 @@ class Cluster:
             )
         held = (
             f"already holds slot {existing.node}#{existing.slot}" if existing.slot is not None
-            else f"already runs on node {existing.node}"
+            else f"is already placed on node {existing.node}"
         )
-        if (existing.node, existing.slot) == wanted[:2]:  # the same place, other fields
-            fields = ("job", "addresses", "max_disconnect")
-            differ = [f for f, old, new in zip(fields, existing.placement()[2:], wanted[2:])
+        # The same place, or the same node for one placed without a slot: other fields.
+        if existing.node == wanted[0] and existing.slot in (None, wanted[1]):
+            fields = ("slot", "job", "addresses", "max_disconnect")
+            differ = [f for f, old, new in zip(fields, existing.placement()[1:], wanted[1:])
                       if old != new]
-            verb = "differs" if differ in (["job"], ["max_disconnect"]) else "differ"
+            verb = "differ" if len(differ) > 1 or differ == ["addresses"] else "differs"
             raise errors.AllocationExists(
                 f"allocation {name} {held}, and its {' and '.join(differ)} {verb}; "
                 "placing it again must repeat the same fields"
@@ -301,7 +307,10 @@ class Cluster:
         held = list(alloc.addresses)
         if alloc.slot is not None:
             held.append(f"slot {alloc.node}#{alloc.slot}")
-        holds = ", ".join(held) if held else "its place on node " + alloc.node
+        holds = (
+            f"{', '.join(held[:-1])} and {held[-1]}" if len(held) > 1
+            else held[0] if held else f"its place on node {alloc.node}"
+        )
         raise errors.RemovedBeforeShutdown(alloc.alloc, alloc.client_status, holds)
 
     # -- handlers: one per event type ----------------------------------------

@@ -221,7 +221,9 @@ class Receipt:
 
     @property
     def ok(self) -> bool:
-        return self.status in ("appended", "duplicate")
+        """Whether the event took effect: appended, or a retry of one that was
+        (a retry of a rejected event is a duplicate with the rejection as error)."""
+        return self.status == "appended" or (self.status == "duplicate" and self.error is None)
 
     def as_dict(self) -> dict[str, Any]:
         return {"status": self.status, "position": self.position, "error": self.error}

@@ -583,6 +583,14 @@ class PostgresStore:
         cursor.execute(KNOWN_IDS, (ids,))
         return {row[0]: row[1] for row in cursor.fetchall()}
 
+    def kept_at(self, cursor: Any, positions: list[int]) -> list[StoredEvent]:
+        cursor.execute(
+            "SELECT originator_version, topic, COALESCE(state, ''::bytea) FROM stored_events "
+            "WHERE originator_id = %s AND originator_version = ANY(%s) ORDER BY originator_version",
+            (self.stream, positions),
+        )
+        return [StoredEvent(self.stream, row[0], row[1], bytes(row[2])) for row in cursor.fetchall()]
+
     def write_rows(self, cursor: Any, sql: Any, changed: ChangedRows) -> None:
         postgres_writes.write_rows(cursor, sql.prefix, changed)
 

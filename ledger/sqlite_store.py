@@ -27,6 +27,7 @@ from ledger.store import (
     LEDGER_STREAM,
     PROJECTIONS,
     Decider,
+    Kept,
     LoggedEvent,
     decide_here,
     logged,
@@ -373,6 +374,15 @@ class SQLiteStore:
             return {}
         cursor.execute(sqlite_writes.KNOWN_IDS, (sqlite_writes.as_json(ids),))
         return {row[0]: row[1] for row in cursor.fetchall()}
+
+    def kept_at(self, cursor: Any, positions: list[int]) -> list[Kept]:
+        cursor.execute(
+            "SELECT originator_version, topic, COALESCE(CAST(state AS BLOB), x'') FROM stored_events "
+            "WHERE originator_id = ? AND originator_version IN (SELECT value FROM json_each(?)) "
+            "ORDER BY originator_version",
+            (self.stream, sqlite_writes.as_json(positions)),
+        )
+        return [logged((row[0], row[1], bytes(row[2]))) for row in cursor.fetchall()]
 
     def write_rows(self, cursor: Any, sql: Any, changed: Any) -> None:
         sqlite_writes.write_rows(cursor, sql.prefix, changed)

@@ -119,6 +119,9 @@ class Store(Protocol):
     def known_ids(self, cursor: Any, ids: list[str]) -> dict[str, int]:
         """Positions of client ids already in the ledger."""
 
+    def kept_at(self, cursor: Any, positions: list[int]) -> list[Kept]:
+        """The kept events at some positions (those the log has), in order."""
+
     def write_rows(self, cursor: Any, sql: Any, changed: Any) -> None:
         """Write the rows ``projections.rows.changed_rows`` built of what the
         domain changed (``projections.rows.write_changes`` semantics), into the

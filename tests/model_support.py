@@ -54,7 +54,7 @@ REASONS: dict[str, re.Pattern[str]] = {
         "slot-out-of-range": r"^slot .+ is out of range",
         "slot-held": r"^slot .+ is already held by allocation .+$",
         "address-held": r"^address .+ is still held by allocation .+, which has not shut down$",
-        "alloc-exists": r"^allocation .+ (already holds slot|already runs on node|was already placed)",
+        "alloc-exists": r"^allocation .+ (already holds slot|is already placed on node|was already placed)",
         "alloc-not-placed": r"^allocation .+ is not placed$",
         "alloc-removed": r"^allocation .+ has been removed$",
         "node-may-not-update": r"^node .+ is not allowed to update allocs while in status \w+$",
@@ -160,7 +160,7 @@ class Model:
     def __init__(self) -> None:
         self.nodes: dict[str, MNode] = {}
         self.allocs: dict[str, MAlloc] = {}
-        self.ids: dict[str, int] = {}
+        self.ids: dict[str, tuple[int, dict[str, Any], frozenset[str]]] = {}  # id -> first
         self.head = 0
         self.kept: list[tuple[int, str | None]] = []  # (position, normalized at or None: now)
         self.rejections: dict[int, tuple[str, str | None]] = {}  # position -> (type, at)
@@ -241,8 +241,12 @@ class Model:
         event = {k: v for k, v in event.items() if v is not None}
         ident = event.get("id")
         if ident is not None and ident in self.ids:
-            self.reached["duplicate:id"] += 1
-            return Outcome("duplicate", self.ids[ident])
+            position, first, broken_first = self.ids[ident]
+            if not same_event(event, first):  # README: another event under a kept id
+                self.reached["invalid:id used again"] += 1
+                return Outcome("invalid")
+            self.reached["duplicate:id of a rejection" if broken_first else "duplicate:id"] += 1
+            return Outcome("duplicate", position, broken_first)  # kinds: it was rejected
         kind = event["type"]
         if kind == "alloc-placed" and (same := self.same_placement(event)) is not None:
             # A retry of an accepted placement; its own id is not recorded (README).
@@ -258,7 +262,7 @@ class Model:
             self.latest_at = max(self.latest_at, at)
         self.kept.append((position, at))
         if ident is not None:
-            self.ids[ident] = position
+            self.ids[ident] = (position, event, frozenset(broken))
         if broken:
             self.rejections[position] = (kind, at)
             for rule in broken:
@@ -721,6 +725,25 @@ def differences(expected: dict[str, dict[Any, Any]], found: dict[str, dict[Any, 
     return lines
 
 
+DEFAULTS = {"node-registered": {"slots": 0}, "alloc-updated": {"blame": "node"}}
+
+
+def same_event(retry: dict[str, Any], first: dict[str, Any]) -> bool:
+    """README: a retry repeats the event kept under its id, defaults spelled
+    out or not; leaving ``at`` out repeats whatever time it was kept with."""
+    def fields(event: dict[str, Any]) -> dict[str, Any]:
+        full = DEFAULTS.get(event["type"], {}) | event
+        if "at" in full:
+            full["at"] = normal_at(full["at"])
+        return full
+    mine, kept = fields(retry), fields(first)
+    if "at" not in mine:
+        kept.pop("at", None)
+    elif "at" not in kept:
+        return False  # stamped with the time it was received, never a given one
+    return mine == kept
+
+
 def check_receipt(outcome: Outcome, receipt: Any, what: str) -> None:
     """A receipt agrees with the model's outcome (the reason names a broken rule)."""
     assert receipt.status == outcome.status, (
@@ -731,9 +754,13 @@ def check_receipt(outcome: Outcome, receipt: Any, what: str) -> None:
         return
     assert receipt.position == outcome.position, (
         f"{what}: position {receipt.position}, the model says {outcome.position}")
-    if outcome.status == "rejected":
+    if outcome.status == "duplicate":  # of a rejection (kinds): carrying it
+        assert (receipt.error is not None) == bool(outcome.kinds), (
+            f"{what}: duplicate with error {receipt.error!r}, the model says {outcome.kinds}")
+    if outcome.kinds:
         assert receipt.error is not None
-        assert kind_of(receipt.error) in outcome.kinds, (
+        reason = re.sub(r"^rejected at position \d+: ", "", receipt.error)
+        assert kind_of(reason) in outcome.kinds, (
             f"{what}: rejected for {receipt.error!r} ({kind_of(receipt.error)}), "
             f"the model says {sorted(outcome.kinds)}")
 
@@ -1127,7 +1154,8 @@ class Generator:
         self.steps.append(Step(step.submission, step.event, "retry"))
 
     def reuse_id(self) -> None:
-        """Another event under an id already used: a duplicate of the first."""
+        """Another event under an id already used: invalid (README), unless it
+        happens to repeat the first."""
         used = list(self.model.ids)
         if not used:
             return

@@ -236,6 +236,39 @@ def test_submit_the_same_id_twice_is_a_duplicate_and_exits_0(url):
     assert again.stdout == result_line(1, "duplicate", 1)
 
 
+def test_a_retry_of_a_rejected_event_is_a_duplicate_carrying_it_and_exits_1(url):
+    """A retry loop (``until alloc-ledger submit …``) must not take an event
+    that never took effect for a success."""
+    rejected = invoke(store(url, "submit", "heartbeat", "--node", "n9", "--id", "h"), code=1)
+    again = invoke(store(url, "submit", "heartbeat", "--node", "n9", "--id", "h"), code=1)
+    quiet = invoke(store(url, "submit", "heartbeat", "--node", "n9", "--id", "h", "--quiet"),
+                   code=1)
+
+    assert rejected.stdout == result_line(1, "rejected", 1, "node n9 is not registered")
+    assert again.stdout == result_line(
+        1, "duplicate", 1, "rejected at position 1: node n9 is not registered")
+    assert json.loads(quiet.stdout) == {"appended": 0, "duplicate": 1, "rejected": 0, "invalid": 0}
+
+
+def test_another_event_under_a_kept_id_is_invalid_and_exits_1(url, tmp_path):
+    invoke(store(url, "submit", "node-registered", "--node", "n1", "--id", "k1"))
+    source = tmp_path / "events.jsonl"
+    source.write_text(lines(
+        {"type": "node-registered", "node": "n1", "id": "k1"},
+        {"type": "node-registered", "node": "n2", "id": "k1"},
+    ))
+
+    result = invoke(store(url, "submit", str(source)), code=1)
+
+    assert result.stdout.splitlines() == [
+        result_line(1, "duplicate", 1).strip(),
+        result_line(2, "invalid", None,
+                    "id 'k1' is already used by another event (node-registered at position 1; "
+                    "node differs): a retry must repeat the event, a new event needs a new id"
+                    ).strip(),
+    ]
+
+
 # -- submit: a JSON Lines stream from a file or stdin -------------------------------
 
 MIXED = (
@@ -250,7 +283,7 @@ MIXED = (
         {"type": "heartbeat", "node": "zz"},
         {"type": "heartbeat", "node": "n1", "extra": 1},
         {"type": "node-registered", "node": "n1", "id": "again"},
-        {"type": "node-registered", "node": "n2", "id": "again"},
+        {"type": "node-registered", "node": "n1", "id": "again"},  # a retry of a rejection
     )
 )
 MIXED_RESULTS = (
@@ -261,7 +294,7 @@ MIXED_RESULTS = (
     + result_line(6, "rejected", 3, "node zz is not registered")
     + result_line(7, "invalid", None, "unknown field 'extra'")
     + result_line(8, "rejected", 4, "node n1 is already registered")
-    + result_line(9, "duplicate", 4)
+    + result_line(9, "duplicate", 4, "rejected at position 4: node n1 is already registered")
 )
 
 

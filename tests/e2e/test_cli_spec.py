@@ -412,3 +412,17 @@ def test_history_of_a_node_lists_what_names_it_and_the_cascade_that_changed_it(c
     assert cascade["event"] == {"type": "node-down", "node": "host", "reason": "instance gone",
                                 "at": cascade["at"]}
     assert cluster.status("wc1") == "down"
+
+
+def test_history_of_an_address_lists_a_refused_early_removal_of_its_holder(cluster):
+    """SPEC: every event and rejection touching the address: the Swarmkit
+    story's attempt to free it before its task shut down."""
+    cluster.ready_node("n1", slots=1)  # 1, 2
+    cluster.place("t1", "n1", addresses=["10.0.0.5", "10.0.0.6"])  # 3
+    cluster.report("t1", "running")  # 4
+    removal = cluster.refused("alloc-removed", alloc="t1")  # 5
+
+    assert history(cluster, "10.0.0.5") == history(cluster, "10.0.0.6") == [
+        (3, "alloc-placed", "appended", None),
+        (5, "alloc-removed", "rejected", removal),
+    ]

@@ -159,7 +159,7 @@ def test_a_round_decided_ahead_sees_what_the_round_still_committing_decided(pg_u
             with store.combining(other) as cursor:
                 decided = leader.decide_ahead(cursor, [
                     _place("a2"),  # the slot a1 holds, though a1 is not committed yet
-                    {"type": "heartbeat", "node": "n1", "id": "x"},  # a1's client id
+                    _place("a1", id="x"),  # a retry of a1's placement, by its client id
                 ])
                 assert decided is not None
                 first.close()  # the first round commits

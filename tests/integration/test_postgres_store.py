@@ -85,7 +85,9 @@ def test_positions_and_ids_survive_reopening(store_url):
         again = ledger.submit({"type": "alloc-placed", "alloc": "zz", "node": "n1", "id": "p-a1"})
         after = ledger.submit({"type": "heartbeat", "node": "n1"})
 
-    assert (again.status, again.position) == ("duplicate", 3)
+    assert (again.status, again.position) == ("invalid", None)  # another event under p-a1
+    assert "(alloc-placed at position 3; addresses, alloc, max_disconnect, slot differ)" in (
+        again.error)
     assert (after.status, after.position) == ("appended", 9)
 
 
@@ -129,7 +131,7 @@ def test_as_of_and_history_read_the_log(store_url, alloc_ledger):
     assert [s["state"] for s in json.loads(slots.stdout)] == ["free", "free"]
     assert history.returncode == 0, history.stderr
     assert [(h["position"], h["status"]) for h in json.loads(history.stdout)] == [
-        (3, "appended"), (6, "rejected"),
+        (3, "appended"), (5, "rejected"), (6, "rejected"),  # 5: a1, its holder, again
     ]
 
 

@@ -12,6 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from commands import submit
+from commands.output import json_text
 from ledger.model import Receipt
 
 LIMIT = 16  # a small line limit, so that over-long lines are common
@@ -95,6 +96,6 @@ def test_a_result_line_is_the_json_of_its_receipt(
 ) -> None:
     receipt = Receipt(status, position, error)
     line = submit._result_line(number, receipt)
-    assert line == json.dumps({"line": number} | receipt.as_dict(), ensure_ascii=False) + "\n"
+    assert line == json_text({"line": number} | receipt.as_dict()) + "\n"
     assert json.loads(line) == {"line": number, "status": status, "position": position,
                                 "error": error}

@@ -206,7 +206,8 @@ def test_a_batch_decided_again_does_not_let_the_next_land_on_another_history(
                 holder = hold_write_lock(tmp_path / "ledger.db", 0.3)  # batch 3 decided meanwhile
         assert holder is not None
         holder.join()
-        assert seen == [["appended"], ["duplicate", "appended"], ["appended"]]
+        # decided again: X is the rival's (another event under it: invalid)
+        assert seen == [["appended"], ["invalid", "appended"], ["appended"]]
         assert verify(ledger.store).ok
         assert_tables_follow_the_log(ledger, 7)
 

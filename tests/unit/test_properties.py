@@ -156,7 +156,7 @@ MUST_REACH = (
     "cascade", "heartbeat of a node whose parent is gone", "lost at a disconnect",
     "still unknown at a second disconnect", "address releasing", "two addresses held",
     "zombie released", "zombie moved", "zombie unknown-alloc", "zombie duplicate",
-    "duplicate:id", "duplicate:placement", "at out of order", "suspect by a failed allocation",
+    "duplicate:id", "duplicate:id of a rejection", "invalid:id used again", "duplicate:placement", "at out of order", "suspect by a failed allocation",
     *(f"rejected:{kind}" for kind in REASONS),
     *(f"invalid:{kind}" for kind in INVALID_KINDS),
 )
@@ -188,26 +188,31 @@ def test_the_streams_reach_every_state_and_every_rejection(capsys: Any) -> None:
 
 
 def test_a_retry_is_a_duplicate_of_the_first_answer(tmp_path: Path) -> None:
-    """The model's id rule on its own: an id answers as it did the first time,
-    whatever comes with it, also for a rejection; a placement retried without
-    an id is a duplicate of the placement."""
+    """The model's id rule on its own: a retry answers as the first did (a
+    rejection's retry is a duplicate carrying it), another event under a kept
+    id is invalid; a placement retried without an id is a duplicate of the
+    placement."""
     placed = {"type": "alloc-placed", "alloc": "a1", "node": "n1", "slot": 0,
               "addresses": ["10.0.0.1", "10.0.0.2"]}
     steps = [
         {"type": "node-registered", "node": "n1", "slots": 1, "id": "r1"},
         {"type": "heartbeat", "node": "n1"},
         {"type": "heartbeat", "node": "n2", "id": "x"},  # rejected under id x
-        {"type": "node-registered", "node": "n2", "id": "x"},  # x again: duplicate
+        {"type": "heartbeat", "node": "n2", "id": "x"},  # its retry: a duplicate of it
+        {"type": "node-registered", "node": "n2", "id": "x"},  # x for another event
         dict(placed, id="p"),
         dict(placed, addresses=["10.0.0.2", "10.0.0.1"], id="q"),  # the same placement
         {"type": "heartbeat", "node": "n1", "id": "q"},  # q was not recorded
-        {"type": "node-registered", "node": "n1", "slots": 5, "id": "r1"},
+        {"type": "node-registered", "node": "n1", "slots": 1, "id": "r1"},  # a retry
+        {"type": "node-registered", "node": "n1", "slots": 5, "id": "r1"},  # not one
     ]
     scenario = Scenario([Step(s, s, "retry") for s in steps], [3], frozenset({1}))
     model = run_checked(f"sqlite:///{tmp_path / 'l.db'}", scenario)
-    assert [o.status for o in replay_model(scenario)[1]] == [
-        "appended", "appended", "rejected", "duplicate", "appended", "duplicate", "appended",
-        "duplicate"]
+    outcomes = replay_model(scenario)[1]
+    assert [o.status for o in outcomes] == [
+        "appended", "appended", "rejected", "duplicate", "invalid", "appended", "duplicate",
+        "appended", "duplicate", "invalid"]
+    assert outcomes[3].kinds == outcomes[2].kinds != frozenset()
     assert model.head == 5
 
 

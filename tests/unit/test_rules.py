@@ -83,7 +83,7 @@ REFUSED = [
     ),
     pytest.param(
         {"type": "alloc-removed", "alloc": "a1"},
-        "allocation a1 is running; removing it now would free 10.0.0.5, slot n1#0 "
+        "allocation a1 is running; removing it now would free 10.0.0.5 and slot n1#0 "
         "before it shuts down",
         id="removed-before-shutdown",
     ),
@@ -192,29 +192,96 @@ def test_an_id_already_in_the_ledger_is_a_duplicate_with_the_original_position(c
     receipt = cluster.submit("node-registered", node="n1", id="reg-n1")
 
     assert (receipt.status, receipt.position, receipt.error) == ("duplicate", 1, None)
+    assert receipt.ok
     assert cluster.head() == 2
     assert cluster.rejections() == []
     assert cluster.snapshot() == before
 
 
-def test_the_id_decides_a_duplicate_even_when_the_event_differs(cluster):
+def test_an_id_used_again_for_another_event_is_invalid_naming_the_kept_one(cluster):
+    """README: the same id with another event is not a retry (a counter reset,
+    two tools choosing one key); answering duplicate would drop it silently."""
     cluster.happens("node-registered", node="n1", id="e-1")
+    before = cluster.snapshot()
 
-    receipt = cluster.submit("node-registered", node="n2", id="e-1")
+    receipt = cluster.submit("heartbeat", node="n1", id="e-1")
 
-    assert (receipt.status, receipt.position) == ("duplicate", 1)
-    assert cluster.rows("SELECT node FROM nodes") == [{"node": "n1"}]
+    assert (receipt.status, receipt.position) == ("invalid", None)
+    assert receipt.error == (
+        "id 'e-1' is already used by another event (node-registered at position 1; "
+        "slots, type differ): a retry must repeat the event, a new event needs a new id"
+    )
+    assert not receipt.ok
+    assert cluster.head() == 1
+    assert cluster.snapshot() == before
 
 
-def test_a_retried_rejection_is_a_duplicate_of_the_kept_rejection(cluster):
+def test_another_event_under_a_kept_id_is_invalid_after_the_store_is_reopened(cluster):
+    cluster.ready_node("n1", slots=1)
+    cluster.happens("alloc-placed", alloc="a1", node="n1", slot=0, id="p-1")
+    cluster.reopen()  # what was kept under the id is read back from the log
+
+    receipt = cluster.submit("alloc-placed", alloc="a2", node="n1", slot=0, id="p-1")
+
+    assert receipt.status == "invalid"
+    assert "(alloc-placed at position 3; alloc differs)" in receipt.error
+    assert cluster.rows("SELECT alloc FROM allocations") == [{"alloc": "a1"}]
+
+
+def test_another_event_under_an_id_of_the_same_batch_is_invalid(cluster):
+    receipts = cluster.ledger.submit_batch([
+        {"type": "node-registered", "node": "n1", "id": "k"},
+        {"type": "node-registered", "node": "n1", "id": "k"},
+        {"type": "node-registered", "node": "n2", "id": "k"},
+    ])
+
+    assert [(r.status, r.position) for r in receipts] == [
+        ("appended", 1), ("duplicate", 1), ("invalid", None)]
+    assert "node differs" in receipts[2].error
+
+
+def test_a_retry_without_at_is_the_event_the_ledger_stamped(cluster):
+    """The first submission's ``at`` was the time it was received: a retry
+    that leaves ``at`` out is the same event; one that gives another is not."""
+    cluster.happens("node-registered", node="n1", id="r", source="sim")
+    cluster.happens("node-registered", node="n2", id="s", at="2026-01-01T01:00:00+01:00")
+
+    assert cluster.submit("node-registered", node="n1", id="r", source="sim").status == (
+        "duplicate")
+    assert cluster.submit("node-registered", node="n2", id="s").status == "duplicate"
+    assert cluster.submit(  # the same moment written otherwise
+        "node-registered", node="n2", id="s", at="2026-01-01T00:00:00Z").status == "duplicate"
+    other_time = cluster.submit(
+        "node-registered", node="n2", id="s", at="2026-01-01T00:00:01Z")
+    assert (other_time.status, "at differs" in other_time.error) == ("invalid", True)
+    other_source = cluster.submit("node-registered", node="n1", id="r")
+    assert (other_source.status, "source differs" in other_source.error) == ("invalid", True)
+    assert cluster.head() == 2
+
+
+def test_a_retry_that_spells_out_a_default_is_the_same_event(cluster):
+    cluster.happens("node-registered", node="n1", id="r")
+
+    receipt = cluster.submit("node-registered", node="n1", slots=0, id="r")
+
+    assert (receipt.status, receipt.position, receipt.error) == ("duplicate", 1, None)
+
+
+def test_a_retried_rejection_is_a_duplicate_carrying_the_rejection(cluster):
+    """It did not take effect: the duplicate says so (and ``submit`` exits 1)."""
     cluster.happens("node-registered", node="n1")
     assert cluster.refused("node-registered", node="n1", id="again") == (
         "node n1 is already registered"
     )
 
     receipt = cluster.submit("node-registered", node="n1", id="again")
+    cluster.reopen()
+    reread = cluster.submit("node-registered", node="n1", id="again")
 
-    assert (receipt.status, receipt.position) == ("duplicate", 2)
+    for answer in (receipt, reread):
+        assert (answer.status, answer.position) == ("duplicate", 2)
+        assert answer.error == "rejected at position 2: node n1 is already registered"
+        assert not answer.ok
     assert [r["position"] for r in cluster.rejections()] == [2]
     assert cluster.head() == 2
 

@@ -149,8 +149,23 @@ def test_an_allocation_on_a_node_cannot_be_placed_on_another_node(cluster):
 
     reason = cluster.refused("alloc-placed", alloc="a1", node="n2")
 
-    assert reason == "allocation a1 already runs on node n1"
+    assert reason == "allocation a1 is already placed on node n1"
     assert cluster.alloc("a1")["node"] == "n1"
+
+
+def test_placing_again_with_a_slot_names_the_slot_as_a_field_that_differs(cluster):
+    """Placed on n1 without a slot, placed again on n1#0: it is pending, not
+    running, and on the same node; what differs is the slot."""
+    cluster.ready_node("n1", slots=1)
+    cluster.place("a1", "n1")
+
+    reason = cluster.refused("alloc-placed", alloc="a1", node="n1", slot=0, job="web")
+
+    assert reason == (
+        "allocation a1 is already placed on node n1, and its slot and job differ; "
+        "placing it again must repeat the same fields"
+    )
+    assert cluster.slot_state("n1", 0) == ("free", None)
 
 
 def test_the_same_allocation_with_other_fields_is_not_the_same_placement(cluster):
@@ -177,7 +192,7 @@ def test_placing_again_on_the_same_node_names_the_fields_that_differ(cluster, pl
     reason = cluster.refused("alloc-placed", alloc="a1", node="n1", addresses=["10.0.0.6"])
 
     assert reason == (
-        f"allocation a1 already runs on node n1, and its {named}; "
+        f"allocation a1 is already placed on node n1, and its {named}; "
         "placing it again must repeat the same fields"
     )
 
@@ -588,7 +603,7 @@ def test_reaping_names_every_hold_a_live_allocation_still_has(cluster):
     reason = cluster.refused("alloc-removed", alloc="t1")
 
     assert reason == (
-        "allocation t1 is pending; removing it now would free 10.0.0.5, 10.0.0.6, slot n1#0 "
+        "allocation t1 is pending; removing it now would free 10.0.0.5, 10.0.0.6 and slot n1#0 "
         "before it shuts down"
     )
 

@@ -1,0 +1,65 @@
+"""Safe retries by ``id``: a second submission of an id answers as the first did.
+
+SPEC section 2 makes an ``id`` the key of safe retries: a second submission
+with an id already in the ledger appends nothing and reports ``duplicate``.
+Two cases a retry loop must not take for success are told apart (README,
+"Choices where the SPEC is silent"), as idempotency keys are elsewhere:
+
+* the same id with **another event** (a counter reset, two tools choosing
+  the same key) is ``invalid``, naming the event kept under that id and the
+  fields that differ: answering ``duplicate`` would drop it silently;
+* a retry of an event that was **rejected** is ``duplicate`` with the
+  rejection as its ``error`` (and ``submit`` exits 1): it did not take effect.
+
+A retry is the same event when every field it gives is what was kept, but
+``at`` where the retry leaves it out: the ledger stamped the first with the
+time it was received.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from ledger.events import DEFAULTS
+from ledger.model import Event, Receipt
+
+
+@dataclass(frozen=True, slots=True)
+class First:
+    """What was kept under an id: its position, the event as kept (``at`` in
+    its text form) and, if it was rejected, the reason."""
+
+    position: int
+    event: dict[str, Any] | None  # None: not readable (the index names a position the log lacks)
+    reason: str | None = None
+
+
+def answer(retry: Event, first: First) -> Receipt:
+    """The receipt of a submission whose id is already in the ledger."""
+    differing = [] if first.event is None else differences(retry, first.event)
+    if differing:
+        kind = first.event.get("type", "an event")  # type: ignore[union-attr]
+        return Receipt(
+            "invalid",
+            error=(
+                f"id '{retry['id']}' is already used by another event ({kind} at position "
+                f"{first.position}; {', '.join(differing)} differ{'s' if len(differing) == 1 else ''}): "
+                "a retry must repeat the event, a new event needs a new id"
+            ),
+        )
+    if first.reason is not None:
+        return Receipt(
+            "duplicate", first.position, f"rejected at position {first.position}: {first.reason}")
+    return Receipt("duplicate", first.position)
+
+
+def differences(retry: Event, kept: dict[str, Any]) -> list[str]:
+    """The fields in which a retry is not the kept event (defaults filled in
+    on both sides: a store of an earlier release may have kept them out)."""
+    kept = DEFAULTS.get(kept.get("type"), {}) | kept  # type: ignore[arg-type]
+    names = retry.keys() | kept.keys()
+    if "at" not in retry:
+        names.discard("at")
+    return sorted(name for name in names if retry.get(name) != kept.get(name))
+
