@@ -210,7 +210,7 @@ class Ledger:
             head = record.position
             kept.append(encode(record))
             if ident is not None:
-                firsts[ident] = First(head, event, record.reason)
+                firsts[ident] = (head, event, record.reason)
                 new_ids.append((ident, head))
             if record.rejected:
                 receipts.append(Receipt("rejected", head, record.reason))
@@ -235,7 +235,7 @@ class Ledger:
             for ident, position in known.items():
                 if ident not in firsts:
                     record = kept.get(position)  # missing: a damaged log, which verify names
-                    firsts[ident] = First(position, record and record.event, record and record.reason)
+                    firsts[ident] = (position, record and record.event, record and record.reason)
         return firsts
 
     def _write(self, cursor: Any, decided: Decided, inline: bool | None) -> None:
