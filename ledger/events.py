@@ -11,7 +11,9 @@ Optional fields may be left out or given as ``null``.
 from __future__ import annotations
 
 import json
+import math
 import re
+from collections.abc import Iterable
 from functools import cache
 from typing import Annotated, Any, Literal, NotRequired, Union, get_origin, get_type_hints
 
@@ -24,10 +26,11 @@ from pydantic import (
     ValidationError,
     with_config,
 )
+from pydantic_core import from_json
 from typing_extensions import TypedDict
 
 from ledger.errors import InvalidEvent
-from ledger.model import RFC3339, Event, moment_of_form, rfc3339_problem
+from ledger.model import RFC3339, RFC3339_IN_RANGE, Event, moment_of_form, rfc3339_problem
 
 MAX_SLOTS = 1024
 MAX_SECONDS = 2**31 - 1  # a duration's most seconds: an INTEGER column in both stores
@@ -47,7 +50,12 @@ Text = Annotated[str, Field(max_length=1024, pattern=NO_NUL)]
 # An ``at`` must be written as RFC 3339 says (pydantic's datetime would read
 # "20260302" as Unix seconds and take "2026-01-01T00:00Z" without seconds):
 # its form is checked with the other patterns, then ``received`` reads it.
-Instant = Annotated[str, Field(pattern=RFC3339, json_schema_extra={"format": "date-time"})]
+# The schema says it in one pattern, fields in range, and without
+# "format": "date-time", which refuses the space RFC 3339 allows for T.
+Instant = Annotated[str, Field(pattern=RFC3339, json_schema_extra={
+    "pattern": RFC3339_IN_RANGE,
+    "description": "RFC 3339 time with a zone (Z or +hh:mm); T, t or a space before the time",
+})]
 
 
 def _unique(values: list[str] | None) -> list[str] | None:
@@ -57,6 +65,11 @@ def _unique(values: list[str] | None) -> list[str] | None:
             raise ValueError(f"address {value} is listed twice")
         seen.add(value)
     return values
+
+
+Addresses = Annotated[
+    list[Address], AfterValidator(_unique), Field(json_schema_extra={"uniqueItems": True})
+]
 
 
 @with_config(STRICT)
@@ -129,7 +142,7 @@ class AllocPlaced(Envelope):
     node: NodeName
     job: NotRequired[Name | None]
     slot: NotRequired[SlotIndex | None]
-    addresses: NotRequired[Annotated[list[Address] | None, AfterValidator(_unique)]]
+    addresses: NotRequired[Addresses | None]
     max_disconnect: NotRequired[Annotated[int, Field(ge=0, le=MAX_SECONDS)] | None]
 
 
@@ -196,9 +209,17 @@ def _adapter(event_type: str | None) -> TypeAdapter[dict[str, Any]]:
 
 
 def json_schema() -> dict[str, Any]:
-    """The JSON Schema of one event (a discriminated union on ``type``)."""
-    schema = _adapter(None).json_schema()
+    """The JSON Schema (2020-12) of one event (a discriminated union on
+    ``type``). It accepts what submit accepts but for 1.0 where an integer is
+    due (an integer to JSON Schema; submit, strict, refuses it) and an ``at``
+    whose offset moves it past the year 9999, or before 1, in UTC."""
+    schema: dict[str, Any] = {"$schema": "https://json-schema.org/draft/2020-12/schema"}
+    schema |= _adapter(None).json_schema()
     schema["title"] = "alloc-ledger event"
+    schema["description"] = (
+        "One event of alloc-ledger. Integers are written without a fraction or exponent: "
+        "submit refuses 1.0 where an integer is due."
+    )
     return schema
 
 
@@ -218,7 +239,10 @@ def describe(error: ValidationError, tagged: bool = True) -> str:
             parts.append(f"missing field '{field}'")
         elif kind == "union_tag_invalid":
             tag = item.get("input", {}).get("type") if isinstance(item.get("input"), dict) else None
-            parts.append(f"unknown type '{tag}' (the types: {TYPES_NAMED})")
+            if isinstance(tag, str):
+                parts.append(f"unknown type '{tag}' (the types: {TYPES_NAMED})")
+            else:
+                parts.append(f"field 'type': must be a string (the types: {TYPES_NAMED})")
         elif kind == "union_tag_not_found":
             parts.append("missing field 'type'")
         elif kind in ("string_pattern_mismatch", "string_type") and field == "at":
@@ -257,18 +281,26 @@ def received(data: str | bytes | dict[str, Any]) -> Event:
     return it as it will be kept, but for ``at``, which stays a datetime or
     absent until the ledger stamps it. Raise ``InvalidEvent``."""
     kind = None
+    given: dict[str, Any] | None = None
     if isinstance(data, dict):
         kind = data.get("type")
         kind = kind if isinstance(kind, str) and kind in EVENT_TYPES else None
+        given = data
         try:
-            data = orjson.dumps(data)
-        except TypeError as error:
-            raise InvalidEvent(f"not an event: {error}") from None
+            data = orjson.dumps(given)
+        except TypeError:  # an integer past 64 bits, a type JSON lacks
+            data = _standard_json(given)
+        else:
+            # orjson writes NaN as null (find: `in` first tries bytes for an int)
+            if data.find(b"null") >= 0 and not _finite(given):
+                data = _standard_json(given)
     try:
         event = _adapter(kind).validate_json(data)
     except ValidationError as error:
         if error.error_count() == 1 and error.errors()[0]["type"] == "json_invalid":
-            raise InvalidEvent(f"not valid JSON: {_json_problem(data)}") from None
+            # a dict's JSON a line may not hold (lists nested hundreds deep)
+            problem = _field_at_fault(given) if given is not None else None
+            raise InvalidEvent(problem or f"not valid JSON: {_json_problem(data)}") from None
         raise InvalidEvent(describe(error, tagged=kind is None)) from None
     except (ValueError, RecursionError) as error:  # pragma: no cover - defensive
         raise InvalidEvent(f"not a valid event: {error}") from None
@@ -281,6 +313,68 @@ def received(data: str | bytes | dict[str, Any]) -> Event:
             raise InvalidEvent(f"field 'at': {rfc3339_problem(event['at'])}") from None
     defaults = DEFAULTS.get(event["type"])
     return event if defaults is None else defaults | event
+
+
+def _finite(event: dict[str, Any]) -> bool:
+    """Whether no NaN or infinity stands where the null orjson writes for it
+    would read as a value: a field (an optional left out) or a slot report's
+    ``alloc`` (a free slot); anywhere else a null is as invalid as the float.
+    orjson writes only a float itself so (a subclass of float it refuses)."""
+    values = event.values()
+    if float in map(type, values) and not _all_finite(values):
+        return False
+    reports = event.get("slots")
+    if isinstance(reports, (list, tuple)):
+        allocs = [report.get("alloc") for report in reports if isinstance(report, dict)]
+        return float not in map(type, allocs) or _all_finite(allocs)
+    return True
+
+
+def _all_finite(values: Iterable[Any]) -> bool:
+    return all(math.isfinite(value) for value in values if type(value) is float)
+
+
+def _standard_json(event: dict[str, Any]) -> bytes:
+    """A dict orjson cannot write as the same line (NaN, which it writes as
+    null; integers past 64 bits) as the standard library's JSON, whose NaN,
+    Infinity and long integers validation reads as it reads them in a line."""
+    try:
+        return _json_text(event)
+    except (TypeError, ValueError, RecursionError) as error:
+        raise InvalidEvent(_field_at_fault(event) or f"not an event: {_unreadable(error)}") from None
+
+
+def _json_text(value: Any) -> bytes:
+    return json.dumps(value, ensure_ascii=False, default=_as_orjson_writes).encode()
+
+
+def _as_orjson_writes(value: Any) -> Any:
+    """What orjson writes a value as (a datetime, a dataclass) that the
+    standard library's JSON does not write (TypeError for what neither does)."""
+    return orjson.loads(orjson.dumps(value))
+
+
+def _field_at_fault(event: dict[str, Any]) -> str | None:
+    """Name the field whose value JSON cannot hold, or a line's parser cannot
+    read back (an integer of thousands of digits, lists nested hundreds deep,
+    a set): None if the fault is no field's (a key)."""
+    for name, value in event.items():
+        try:
+            from_json(_json_text(value))
+        except (TypeError, ValueError, RecursionError) as problem:
+            return f"field '{name}': {_unreadable(problem)}"
+    return None
+
+
+def _unreadable(error: Exception) -> str:
+    """Why a value is not JSON an event may hold, as a line's parser says it."""
+    if isinstance(error, RecursionError):
+        return "recursion limit exceeded"
+    if isinstance(error, UnicodeError):
+        return "str is not valid UTF-8: surrogates not allowed"
+    if isinstance(error, ValueError) and "integer string conversion" in str(error):
+        return "number out of range"  # more digits than Python writes (4300)
+    return re.sub(r" at line \d+ column \d+$", "", str(error))
 
 
 TYPES_NAMED = ", ".join(EVENT_TYPES)
@@ -322,6 +416,8 @@ def from_flags(event_type: str, flags: dict[str, str]) -> Event:
                     f"e.g. --{flag} '{LIST_EXAMPLES.get(name, '[]')}'"
                 ) from None
             data[name] = text  # let validation name the field and the type
+        except (ValueError, RecursionError) as error:  # thousands of digits, or of brackets
+            raise InvalidEvent(f"field '{name}': {_unreadable(error)}") from None
     return received(data)
 
 

@@ -158,10 +158,29 @@ _TEXT_FORM = "%04d-%02d-%02dT%02d:%02d:%02d.%06dZ"
 
 
 # RFC 3339 (section 5.6): date, T (or t, or a space), time with seconds, an
-# optional fraction, and a zone: Z or an offset with a colon.
-_DATE_TIME = r"\d{4}-\d{2}-\d{2}[Tt ]\d{2}:\d{2}:\d{2}(?:\.\d+)?"
-RFC3339 = rf"^{_DATE_TIME}(?:[Zz]|[+-]\d{{2}}:\d{{2}})$"
+# optional fraction, and a zone: Z or an offset with a colon, hours 00-23
+# and minutes 00-59 (``fromisoformat`` would read +05:60 as +06:00). ASCII
+# digits only: ``\d`` also matches other scripts' digits. The date's and the
+# time's fields are checked by ``fromisoformat``, which names the one out of
+# range (month must be in 1..12).
+_DATE_TIME = r"[0-9]{4}-[0-9]{2}-[0-9]{2}[Tt ][0-9]{2}:[0-9]{2}:[0-9]{2}(?:\.[0-9]+)?"
+_OFFSET = r"[+-](?:[01][0-9]|2[0-3]):[0-5][0-9]"
+RFC3339 = rf"^{_DATE_TIME}(?:[Zz]|{_OFFSET})$"
 _WITH_ZONE, _WITHOUT_ZONE = re.compile(RFC3339), re.compile(_DATE_TIME)
+
+# The same times as one pattern with every field in range, days of the month
+# and leap years too, for JSON Schema validators (the years 1 to 9999 as
+# written: an offset may still move one past 9999 or before 1 in UTC).
+_YEAR = r"(?:[0-9]{3}[1-9]|[0-9]{2}[1-9][0-9]|[0-9][1-9][0-9]{2}|[1-9][0-9]{3})"
+_LEAP_YEAR = r"(?:[0-9]{2}(?:0[48]|[2468][048]|[13579][26])|(?:0[48]|[2468][048]|[13579][26])00)"
+_MONTH_DAY = (
+    r"(?:(?:0[13578]|1[02])-(?:0[1-9]|[12][0-9]|3[01])"
+    r"|(?:0[469]|11)-(?:0[1-9]|[12][0-9]|30)|02-(?:0[1-9]|1[0-9]|2[0-8]))"
+)
+_TIME = r"(?:[01][0-9]|2[0-3]):[0-5][0-9]:[0-5][0-9](?:\.[0-9]+)?"
+RFC3339_IN_RANGE = (
+    rf"^(?:{_YEAR}-{_MONTH_DAY}|{_LEAP_YEAR}-02-29)[Tt ]{_TIME}(?:[Zz]|{_OFFSET})$"
+)
 NEEDS_ZONE = "needs a time zone (Z or +hh:mm)"
 EXAMPLE_TIME = "2026-01-01T12:00:00Z"
 NOT_RFC3339 = f"must be an RFC 3339 time with a zone, e.g. {EXAMPLE_TIME}"
@@ -179,7 +198,7 @@ def moment_of_form(text: str) -> datetime:
 
 def rfc3339_problem(text: object) -> str:
     """What keeps a value from being an RFC 3339 time with a zone."""
-    if isinstance(text, str) and _WITH_ZONE.match(text):
+    if isinstance(text, str) and _WITH_ZONE.fullmatch(text):
         try:
             moment_of_form(text)
         except ValueError as error:
@@ -191,7 +210,7 @@ def rfc3339_problem(text: object) -> str:
 
 def rfc3339(text: object) -> datetime:
     """An RFC 3339 time with a zone; ValueError saying what is wrong otherwise."""
-    if isinstance(text, str) and _WITH_ZONE.match(text):
+    if isinstance(text, str) and _WITH_ZONE.fullmatch(text):
         try:
             return moment_of_form(text)
         except ValueError:

@@ -3,16 +3,19 @@ the same JSON line would be, and a line that is not JSON is placed by column."""
 
 from __future__ import annotations
 
+import json
+import math
+import re
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
 import orjson
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from ledger.errors import InvalidEvent
-from ledger.events import EVENT_TYPES, received
+from ledger.events import EVENT_TYPES, TYPES_NAMED, json_schema, received
 from ledger.model import timestamp
 
 FIELDS = [
@@ -35,6 +38,14 @@ EVENTS = st.one_of(
 )
 
 
+def nested(depth: int) -> list[Any]:
+    """A list of lists ``depth`` deep."""
+    inner: list[Any] = []
+    for _ in range(depth - 1):
+        inner = [inner]
+    return inner
+
+
 def outcome(data: Any) -> tuple[str, Any]:
     try:
         return "valid", received(data)
@@ -46,6 +57,65 @@ def outcome(data: Any) -> tuple[str, Any]:
 @given(EVENTS)
 def test_a_dict_is_read_exactly_as_the_same_json_line(event: dict[str, Any]) -> None:
     assert outcome(dict(event)) == outcome(orjson.dumps(event))
+
+
+# Numbers orjson writes as null (NaN, the infinities) or not at all (past 64
+# bits), in fields where null is a value (an optional left out, a free slot).
+NUMBERS = st.one_of(st.floats(), st.integers(2**63 - 2, 2**70), st.integers(-1, 1025))
+NUMBERED = st.one_of(
+    st.fixed_dictionaries(
+        {"type": st.just("node-registered"), "node": st.just("n1")},
+        optional={"slots": NUMBERS, "parent": NUMBERS, "source": NUMBERS}),
+    st.fixed_dictionaries(
+        {"type": st.just("alloc-placed"), "alloc": st.just("a1"), "node": st.just("n1")},
+        optional={"slot": NUMBERS, "max_disconnect": NUMBERS, "job": NUMBERS,
+                  "addresses": st.lists(NUMBERS, max_size=2)}),
+    st.fixed_dictionaries(
+        {"type": st.just("heartbeat"), "node": st.just("n1")},
+        optional={"slots": st.lists(st.fixed_dictionaries(
+            {"slot": NUMBERS}, optional={"alloc": NUMBERS}), max_size=2)}),
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(NUMBERED)
+def test_a_dict_with_any_number_is_read_as_the_json_line_that_writes_it(event: dict) -> None:
+    """The standard library writes NaN, Infinity and every digit, and a line
+    may hold them: a dict's NaN must not become the null orjson writes."""
+    assert outcome(dict(event)) == outcome(json.dumps(event))
+
+
+@pytest.mark.parametrize(("event", "error"), [
+    ({"type": "node-registered", "node": "q3", "slots": math.nan},
+     "field 'slots': Input should be a valid integer"),
+    ({"type": "alloc-placed", "alloc": "a1", "node": "n1", "slot": math.inf},
+     "field 'slot': Input should be a valid integer"),
+    ({"type": "alloc-placed", "alloc": "a1", "node": "n1", "max_disconnect": -math.inf},
+     "field 'max_disconnect': Input should be a valid integer"),
+    ({"type": "heartbeat", "node": "n1", "slots": [{"slot": 0, "alloc": math.nan}]},
+     "field 'slots.0.alloc': Input should be a valid string"),
+    ({"type": "node-registered", "node": "q3", "slots": 2**70},
+     "field 'slots': Input should be less than or equal to 1024"),
+    ({"type": "node-registered", "node": "q3", "slots": 10**5000},
+     "field 'slots': number out of range"),
+    ({"type": "heartbeat", "node": "n1", "slots": nested(300)},
+     "field 'slots': recursion limit exceeded"),
+    ({"type": "alloc-placed", "alloc": "a1", "node": "n1", "addresses": {"10.0.0.5"}},
+     "field 'addresses': Type is not JSON serializable: set"),
+    ({"type": "heartbeat", "node": "\ud800"},
+     "field 'node': str is not valid UTF-8: surrogates not allowed"),
+])
+def test_a_dict_json_cannot_hold_is_invalid_naming_the_field(event: dict, error: str) -> None:
+    assert outcome(event) == ("invalid", error)
+
+
+@pytest.mark.parametrize("kind", [None, 5, True, 1.5, ["heartbeat"], {}])
+def test_a_type_that_is_not_text_is_named_as_the_field_type(kind: Any) -> None:
+    error = f"field 'type': must be a string (the types: {TYPES_NAMED})"
+
+    assert outcome({"type": kind, "node": "n1"}) == ("invalid", error)
+    assert outcome(json.dumps({"type": kind, "node": "n1"})) == ("invalid", error)
+    assert outcome({"type": "5"}) == ("invalid", f"unknown type '5' (the types: {TYPES_NAMED})")
 
 
 @pytest.mark.parametrize(("event", "error"), [
@@ -101,6 +171,12 @@ NOT_RFC3339 = "field 'at': must be an RFC 3339 time with a zone, e.g. 2026-01-01
     ("2026-01-01", NOT_RFC3339),
     ("2026-01-01T00:00:00", "field 'at': needs a time zone (Z or +hh:mm)"),
     ("2026-13-01T00:00:00Z", "field 'at': month must be in 1..12"),
+    ("2026-01-01T00:00:00+05:60", NOT_RFC3339),  # fromisoformat reads it as +06:00
+    ("2026-01-01T00:00:00+24:00", NOT_RFC3339),
+    ("2026-01-01T00:00:00-99:00", NOT_RFC3339),
+    ("\uff12\uff10\uff12\uff16-01-01T00:00:00Z", NOT_RFC3339),  # FULLWIDTH DIGITs
+    ("2026-01-01T00:00:00.\u0661Z", NOT_RFC3339),  # ARABIC-INDIC DIGIT ONE
+    ("2026-01-01T00:00:00Z\n", NOT_RFC3339),
 ])
 def test_an_at_that_is_not_rfc_3339_is_invalid(at: Any, error: str) -> None:
     with pytest.raises(InvalidEvent) as raised:
@@ -111,7 +187,100 @@ def test_an_at_that_is_not_rfc_3339_is_invalid(at: Any, error: str) -> None:
 @pytest.mark.parametrize("at", [
     "2026-01-01T01:00:00+01:00", "2026-01-01t00:00:00z", "2026-01-01 00:00:00Z",
     "2026-01-01T00:00:00.000000999Z", "2026-01-01T00:00:00-00:00",
+    "2026-01-01T23:59:00+23:59", "2025-12-31T00:01:00-23:59",
 ])
 def test_every_rfc_3339_form_is_read_as_the_same_moment(at: str) -> None:
     event = received({"type": "heartbeat", "node": "n1", "at": at})
     assert timestamp(event["at"]) == "2026-01-01T00:00:00.000000Z"
+
+
+# -- the JSON Schema says what submit accepts ------------------------------------------
+
+def two_digits(low: int, high: int) -> st.SearchStrategy[str]:
+    return st.integers(low, high).map("{:02d}".format)
+
+
+AT_TEXTS = st.builds(
+    "{}-{}-{}{}{}:{}:{}{}{}".format,
+    st.one_of(st.sampled_from(["0000", "0001", "0004", "0100", "0400", "1900", "2000", "2024",
+                               "2025", "9999"]), st.integers(0, 9999).map("{:04d}".format)),
+    two_digits(0, 13), two_digits(0, 32), st.sampled_from("Tt "),
+    two_digits(0, 24), two_digits(0, 60), two_digits(0, 61),
+    st.sampled_from(["", ".5", ".123456789"]),
+    st.one_of(st.sampled_from(["Z", "z"]), st.builds(
+        "{}{}:{}".format, st.sampled_from("+-"), two_digits(0, 25), two_digits(0, 61))),
+)
+
+
+def schema_of(event_type: str) -> dict[str, Any]:
+    schema = json_schema()
+    ref = schema["discriminator"]["mapping"][event_type]
+    return schema["$defs"][ref.rsplit("/", 1)[1]]
+
+
+@settings(max_examples=1000, deadline=None)
+@given(AT_TEXTS)
+@example("2024-02-29T00:00:00Z")
+@example("2000-02-29T00:00:00Z")
+@example("0400-02-29T00:00:00Z")
+@example("0004-02-29T00:00:00Z")
+@example("0000-02-29T00:00:00Z")
+@example("1900-02-29T00:00:00Z")
+@example("2025-02-29T00:00:00Z")
+@example("2026-04-31T00:00:00Z")
+@example("2026-12-31T23:59:59.5-23:59")
+def test_the_schema_pattern_of_at_takes_exactly_the_times_submit_reads(at: str) -> None:
+    """Days of the month and leap years included. (An offset may still move a
+    time the pattern takes past the year 9999 in UTC, which submit refuses.)"""
+    pattern = schema_of("heartbeat")["properties"]["at"]["anyOf"][0]["pattern"]
+    event = {"type": "heartbeat", "node": "n1", "at": at}
+
+    assert bool(re.fullmatch(pattern, at)) == (outcome(event)[0] == "valid"), outcome(event)
+
+
+def test_the_schema_names_its_draft_and_that_addresses_are_unique() -> None:
+    schema = json_schema()
+
+    assert schema["$schema"] == "https://json-schema.org/draft/2020-12/schema"
+    addresses = schema_of("alloc-placed")["properties"]["addresses"]["anyOf"][0]
+    assert (addresses["type"], addresses["uniqueItems"]) == ("array", True)
+    assert "format" not in schema_of("heartbeat")["properties"]["at"]["anyOf"][0]
+
+
+PLACED = {"type": "alloc-placed", "alloc": "a1", "node": "n1"}
+
+
+@pytest.mark.parametrize("event", [
+    {"type": "heartbeat", "node": "n1", "at": "2026-01-01 00:00:00Z"},
+    {"type": "heartbeat", "node": "n1", "at": "2026-01-01t00:00:00z"},
+    {"type": "heartbeat", "node": "n1", "at": "2024-02-29T00:00:00+23:59"},
+    {"type": "heartbeat", "node": "n1", "at": "2025-02-29T00:00:00Z"},
+    {"type": "heartbeat", "node": "n1", "at": "2026-01-01T00:00:00+24:00"},
+    {"type": "heartbeat", "node": "n1", "at": "2026-01-01T00:00:00+05:60"},
+    PLACED | {"addresses": ["10.0.0.5", "10.0.0.6"]},
+    PLACED | {"addresses": ["10.0.0.5", "10.0.0.5"]},
+    PLACED | {"slot": 1023},
+    PLACED | {"slot": 1024},
+    {"type": 5, "node": "n1"},
+    {"type": "heartbeat", "node": "n#1"},
+])
+def test_a_standard_validator_with_format_checking_agrees_with_submit(event: dict) -> None:
+    jsonschema = pytest.importorskip("jsonschema")
+    schema = json_schema()
+    validator = jsonschema.validators.validator_for(schema)
+    assert validator is jsonschema.Draft202012Validator
+
+    checked = validator(schema, format_checker=validator.FORMAT_CHECKER)
+
+    assert checked.is_valid(event) == (outcome(event)[0] == "valid"), outcome(event)
+
+
+def test_the_schema_takes_1_0_for_an_integer_where_submit_refuses_it() -> None:
+    """JSON Schema counts 1.0 an integer; submit is strict and says so in
+    the schema's description."""
+    jsonschema = pytest.importorskip("jsonschema")
+    event = {"type": "node-registered", "node": "n1", "slots": 1.0}
+
+    assert jsonschema.Draft202012Validator(json_schema()).is_valid(event)
+    assert outcome(event) == ("invalid", "field 'slots': Input should be a valid integer")
+    assert "refuses 1.0" in json_schema()["description"]
