@@ -39,10 +39,16 @@ STRICT = ConfigDict(extra="forbid", strict=True)
 # No text may hold a NUL character: PostgreSQL's text cannot, and one such
 # event must be invalid on its own, not fail the transaction of its batch.
 NO_NUL = r"^[^\x00]*$"
-Name = Annotated[str, Field(min_length=1, max_length=128, pattern=NO_NUL)]
+# A name (of a node, an allocation, a job, an address, a client id) neither
+# starts nor ends with white space: "n1 " would be another node than "n1",
+# and no message could show the difference.
+TRIMMED = r"^[^\s\x00](?:[^\x00]*[^\s\x00])?$"
+Name = Annotated[str, Field(min_length=1, max_length=128, pattern=TRIMMED)]
 # '#' separates node and slot (n1#0), so a node name may not contain it.
-NodeName = Annotated[str, Field(min_length=1, max_length=128, pattern=r"^[^#\x00]+$")]
-Address = Annotated[str, Field(min_length=1, max_length=256, pattern=NO_NUL)]
+NodeName = Annotated[
+    str, Field(min_length=1, max_length=128, pattern=r"^[^\s#\x00](?:[^#\x00]*[^\s#\x00])?$")]
+Address = Annotated[str, Field(min_length=1, max_length=256, pattern=TRIMMED)]
+_ENDS_IN_SPACE = re.compile(r"^\s|\s$")
 SlotIndex = Annotated[int, Field(ge=0, lt=MAX_SLOTS)]
 Text = Annotated[str, Field(max_length=1024, pattern=NO_NUL)]
 
@@ -249,6 +255,8 @@ def describe(error: ValidationError, tagged: bool = True) -> str:
             parts.append(f"field 'at': {rfc3339_problem(item.get('input'))}")
         elif kind == "string_pattern_mismatch" and "\x00" in str(item.get("input")):
             parts.append(f"field '{field}': must not contain a NUL character")
+        elif kind == "string_pattern_mismatch" and _ENDS_IN_SPACE.search(str(item.get("input"))):
+            parts.append(f"field '{field}': must not start or end with white space")
         elif kind == "string_pattern_mismatch":
             parts.append(f"field '{field}': must not contain '#' (it separates node and slot)")
         elif kind in ("model_type", "dict_type", "model_attributes_type") and not field:
@@ -266,6 +274,11 @@ def _json_problem(text: str | bytes) -> str:
         isinstance(text, str) and text.startswith("\ufeff")
     ):
         return "the line starts with a byte order mark (BOM); write UTF-8 without one"
+    if isinstance(text, bytes):
+        try:
+            text.decode()
+        except UnicodeDecodeError as error:
+            return _not_utf8(text, error)
     # without its trailing JSON whitespace only: JSON allows no other
     line = text.rstrip(b" \t\r\n") if isinstance(text, bytes) else text.rstrip(" \t\r\n")
     try:
@@ -274,6 +287,16 @@ def _json_problem(text: str | bytes) -> str:
         message = str(error.errors()[0].get("ctx", {}).get("error", error.errors()[0]["msg"]))
         return re.sub(r" at line 1 column (\d+)$", r" at column \1", message)
     return "not an event"  # pragma: no cover - JSON allows that whitespace anywhere
+
+
+def _not_utf8(line: bytes, error: UnicodeDecodeError) -> str:
+    """A line in another encoding: which one it looks like, where it fails."""
+    if line.startswith((b"\xff\xfe", b"\xfe\xff")) or b"\x00" in line:
+        return "the line is not UTF-8 (it looks like UTF-16); write events as UTF-8"
+    return (
+        f"the line is not UTF-8 (byte 0x{line[error.start]:02x} at column {error.start + 1}, "
+        "Latin-1 or another encoding?); write events as UTF-8"
+    )
 
 
 def received(data: str | bytes | dict[str, Any]) -> Event:

@@ -331,6 +331,8 @@ def test_swarmkit_history_of_the_address(told):
         assert t.history("10.0.0.5") == [
             (29, "alloc-placed", "appended", None),
             (31, "alloc-remove-requested", "appended", None),
+            (32, "alloc-removed", "rejected",  # the attempt to free it early
+             "allocation t1 is running; removing it now would free 10.0.0.5 before it shuts down"),
             (33, "alloc-placed", "rejected",
              "address 10.0.0.5 is still held by allocation t1, which has not shut down"),
             (34, "alloc-updated", "appended", None),

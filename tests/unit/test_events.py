@@ -138,6 +138,41 @@ def test_whitespace_json_does_not_allow_is_placed_by_column(line: str | bytes, e
     assert outcome(line) == ("invalid", f"not valid JSON: {error}")
 
 
+@pytest.mark.parametrize(("line", "error"), [
+    ('{"type": "heartbeat", "node": "caf\u00e9"}\n'.encode("latin-1"),
+     ("the line is not UTF-8 (byte 0xe9 at column 35, Latin-1 or another encoding?); "
+      "write events as UTF-8")),
+    ('{"type": "heartbeat", "node": "n1"}\n'.encode("utf-16"),
+     "the line is not UTF-8 (it looks like UTF-16); write events as UTF-8"),
+])
+def test_a_line_in_another_encoding_is_named_as_not_utf8(line: bytes, error: str) -> None:
+    assert outcome(line) == ("invalid", f"not valid JSON: {error}")
+
+
+@pytest.mark.parametrize(("event", "field"), [
+    ({"type": "heartbeat", "node": "n1 "}, "node"),
+    ({"type": "heartbeat", "node": "\tn1"}, "node"),
+    ({"type": "node-registered", "node": "n2", "parent": "n1\u00a0"}, "parent"),
+    ({"type": "alloc-placed", "alloc": " a1", "node": "n1"}, "alloc"),
+    ({"type": "alloc-placed", "alloc": "a#1 ", "node": "n1"}, "alloc"),
+    ({"type": "alloc-placed", "alloc": "a1", "node": "n1", "job": "web\n"}, "job"),
+    ({"type": "alloc-placed", "alloc": "a1", "node": "n1", "addresses": ["10.0.0.5 "]},
+     "addresses.0"),
+    ({"type": "heartbeat", "node": "n1", "id": "k1 "}, "id"),
+    ({"type": "heartbeat", "node": "n1", "slots": [{"slot": 0, "alloc": "a1\r"}]},
+     "slots.0.alloc"),
+])
+def test_a_name_that_starts_or_ends_with_white_space_is_invalid(event: dict, field: str) -> None:
+    """"n1 " would be another node than "n1", and no message could show it."""
+    assert outcome(event) == (
+        "invalid", f"field '{field}': must not start or end with white space")
+
+
+@pytest.mark.parametrize("name", ["a b", "x", "n-1.2_3", "caf\u00e9"])
+def test_white_space_inside_a_name_is_kept(name: str) -> None:
+    assert received({"type": "heartbeat", "node": name})["node"] == name
+
+
 OFFSETS = st.builds(
     lambda minutes: timezone(timedelta(minutes=minutes)), st.integers(-23 * 60 - 59, 23 * 60 + 59))
 MOMENTS = st.datetimes(
