@@ -112,6 +112,15 @@ PURGE_EVERY = 1000  # rounds
 POLL = 0.05  # seconds a writer or an idle leader waits for a notification before looking
 RENEW = 0.5  # seconds between a leader's renewals of its lease
 PAYLOAD = 7900  # bytes of receipts a notification carries, else they are in ``outcomes``
+# The lead: an advisory lock in the two-int form, this number and the schema's
+# OID (see ``ledger.postgres_store.SCHEMA_LOCK``), apart from every other
+# schema's. Earlier releases took a one-bigint key, a hash of the schema's
+# name, which two schemas could share (and then one of them had no leader):
+# a leader of theirs and one of this release may lead at once, which is safe
+# (each round decides under the log's lock, after the head it read, as a lock
+# writer does; batches are taken SKIP LOCKED, answers go to the writer's
+# channel, whose name is unchanged), only slower.
+LEADER_LOCK = -1562185270  # crc32("alloc-ledger:leader") as a signed int4
 RESTARTS = 3  # times a writer stands by again, while it waits, after its own leader lost the lead
 # The server ended the session (idle in a transaction past the lease, an
 # administrator, a restart) or the connection broke (no SQLSTATE), or a round
@@ -178,7 +187,6 @@ class Handoff:
         self.store = store
         self.timeout = timeout
         schema = store.schema
-        self.lock_key = zlib.crc32(f"alloc-ledger:leader:{schema}".encode())
         self.to_leader = f"alloc_ledger_{schema}_handoff"[:63]
         self.to_writer = f"alloc_ledger_{zlib.crc32(schema.encode()):08x}_"  # + writer's pid
         self.connection: psycopg.Connection[Any] | None = None
@@ -197,6 +205,11 @@ class Handoff:
         self.rounds = 0
 
     # -- the writer's side -----------------------------------------------------
+
+    @property
+    def lock_key(self) -> tuple[int, int | None]:
+        """The lead's advisory lock (``LEADER_LOCK``)."""
+        return LEADER_LOCK, self.store.schema_oid
 
     @property
     def failure(self) -> BaseException | None:
@@ -294,7 +307,7 @@ class Handoff:
 
     def _writer_connection(self) -> psycopg.Connection[Any]:
         if self.connection is None or self.connection.closed:
-            self.connection = self.store.connect()
+            self.connection = self.store.connect(role="writer")
             channel = f"{self.to_writer}{self.connection.info.backend_pid}"
             self.connection.execute(sql.SQL("LISTEN {}").format(sql.Identifier(channel)))
         return self.connection
@@ -321,7 +334,7 @@ class Handoff:
         self.standby_connection = self.lease_connection = None
         try:
             try:  # one connection while standing by; the leader's others once it leads
-                lease = self.lease_connection = self.store.connect(idle=self.lease)
+                lease = self.lease_connection = self.store.connect(idle=self.lease, role="standby")
             except StoreUnavailable as error:  # too many connections, say
                 self.cannot_stand_by = error  # not this batch's end: another may lead
                 self.stopping.wait(POLL * 10)
@@ -330,7 +343,7 @@ class Handoff:
             while not self.stopping.is_set():  # stand by: try for the lead now and then
                 lease.execute("BEGIN")
                 row = lease.execute(
-                    "SELECT pg_try_advisory_xact_lock(%s)", (self.lock_key,)).fetchone()
+                    "SELECT pg_try_advisory_xact_lock(%s, %s)", self.lock_key).fetchone()
                 if row is not None and row[0]:
                     break
                 lease.execute("ROLLBACK")
@@ -338,7 +351,7 @@ class Handoff:
             else:
                 return
             self.leading = True
-            connection = self.standby_connection = self.store.connect()
+            connection = self.standby_connection = self.store.connect(role="leader")
             connection.execute(sql.SQL("LISTEN {}").format(sql.Identifier(self.to_leader)))
             self._lead(connection, lease)
         except BaseException as error:  # noqa: BLE001 - for the writer waiting in this process
@@ -363,8 +376,8 @@ class Handoff:
         committing: Future[None] | None = None
         renewed = looked = time.monotonic()
         with (
-            self.store.connect(idle=self.lease) as one,
-            self.store.connect(idle=self.lease) as other,
+            self.store.connect(idle=self.lease, role="leader") as one,
+            self.store.connect(idle=self.lease, role="leader") as other,
             ThreadPoolExecutor(1, thread_name_prefix="alloc-ledger-commit") as committer,
         ):
             turns = itertools.cycle([one, other])  # a round on one, the next on the other

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import re
 import threading
-import zlib
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, nullcontext, suppress
 from functools import partial
@@ -70,6 +69,7 @@ LIBPQ_OPTIONS = (
     "sslmode", "application_name", "keepalives", "keepalives_idle", "keepalives_interval",
     "keepalives_count", "tcp_user_timeout",
 )
+APPLICATION = "alloc-ledger"  # the sessions' application_name, unless the URL gives one
 OPTIONS = {"schema", "projections", "writers", "connect_timeout", "timeout", *LIBPQ_OPTIONS}
 # A session that stalls inside its transaction (a client on a machine cut off
 # from the network) must not hold its locks until TCP notices: the server ends
@@ -110,13 +110,21 @@ APPEND_ONLY_TABLES = ("stored_events", "event_hashes", "event_ids")
 # Stores made before the client ids were guarded are guarded when next opened
 # by a role that may (the tables' owner); a lost id would let a retry append
 # its event again.
-# The schema's ledger mark (which version made it, if any) and whether its
-# client ids are guarded: one round trip for every open.
+# The schema's ledger mark (which version made it, if any), whether its
+# client ids are guarded, and its OID (see SCHEMA_LOCK): one round trip for
+# every open.
 FOUND = (
     "SELECT obj_description(to_regclass(%(hashes)s), 'pg_class'), "
     "(SELECT COUNT(*) = 2 FROM pg_trigger WHERE tgrelid = to_regclass(%(ids)s) "
-    "AND tgname IN ('event_ids_append_only', 'event_ids_no_truncate'))"
+    "AND tgname IN ('event_ids_append_only', 'event_ids_no_truncate')), "
+    "(SELECT oid::int4 FROM pg_namespace WHERE nspname = %(schema)s)"
 )
+# Advisory locks are database-wide: the ledger's are in PostgreSQL's two-int
+# form (a lock space apart from the one-bigint form), a fixed number of
+# alloc-ledger's and the schema's OID, so no two schemas' locks are one.
+# This one serializes creating and upgrading a schema; the default writers'
+# lead is ``ledger.postgres_handoff.LEADER_LOCK``.
+SCHEMA_LOCK = -275817905  # crc32("alloc-ledger:schema") as a signed int4
 
 
 def _triggers(table: str) -> list[str]:
@@ -171,10 +179,12 @@ class _Pipelined:
 
     def commit(self) -> None:
         """Send the COMMIT now (the server commits when it arrives); its
-        answer is read when the transaction ends."""
+        answer is read when the transaction ends. ``committed`` from the
+        moment it is being sent: from then on a connection lost may have
+        left the transaction committed."""
         if not self.committed:
-            self.connection.execute("COMMIT")
             self.committed = True
+            self.connection.execute("COMMIT")
 
     @classmethod
     @contextmanager
@@ -199,6 +209,14 @@ def _ms(seconds: float) -> str:
     return f"{max(1, round(seconds * 1000))}ms"
 
 
+# What to do about a database's (or role's) ``statement_timeout`` that a
+# batch's statements outlast: managed PostgreSQL often sets one low.
+STATEMENT_TIMEOUT = (
+    "the server's statement_timeout cut it short: use smaller batches (--batch), or raise "
+    "it for this role, e.g. ALTER ROLE name SET statement_timeout = '5min'"
+)
+
+
 def describe(error: BaseException) -> str:
     """One line for a database error: the server's message, without libpq's hints."""
     cause = error.__cause__ if isinstance(error, PersistenceError) and error.__cause__ else error
@@ -206,7 +224,20 @@ def describe(error: BaseException) -> str:
     primary = getattr(diag, "message_primary", None)
     text = primary or str(cause) or type(cause).__name__
     lines = [line.strip() for line in text.splitlines() if line.strip()]
-    return lines[0] if lines else type(cause).__name__
+    line = lines[0] if lines else type(cause).__name__
+    if isinstance(cause, psycopg.errors.QueryCanceled) and "statement timeout" in line:
+        return f"{line} ({STATEMENT_TIMEOUT})"
+    return line
+
+
+def connection_lost(error: BaseException) -> bool:
+    """Whether the connection broke or the server ended the session (an
+    administrator, a shutdown, a crash): not an error that rolled back a
+    transaction, which the server reports and carries on."""
+    if not isinstance(error, psycopg.Error):
+        return False
+    state = error.sqlstate
+    return state is None or state.startswith("08") or state in ("57P01", "57P02", "57P03")
 
 
 def _denied(error: BaseException) -> bool:
@@ -245,6 +276,7 @@ class PostgresStore:
         self.stream = LEDGER_STREAM
         self._local = threading.local()
         self._preload = Preload()
+        self.schema_oid: int | None = None  # known once opened (``_check_and_create``)
         dbname = unquote(parts.path.lstrip("/"))
         if not dbname:  # libpq would pick one (the user's name, PGDATABASE): not the ledger's
             self._fail("the URL names no database (postgresql://user@host:port/db)")
@@ -257,7 +289,9 @@ class PostgresStore:
         }
         timeout = self.connect_timeout = self._seconds(options, "connect_timeout", 5)
         self.handoff = Handoff(self, self._seconds(options, "timeout", 30))
-        extra = {"options": f"-c search_path={self.schema}"}
+        # Sessions are named in pg_stat_activity (the URL's name, if it gives one).
+        self.named = "application_name" not in options
+        extra = {"options": f"-c search_path={self.schema}", "application_name": APPLICATION}
         extra.update((k, v) for k, v in options.items() if k in LIBPQ_OPTIONS)
         self.extra = extra
         self._check_and_create(timeout, extra)
@@ -274,14 +308,20 @@ class PostgresStore:
         except (PersistenceError, psycopg.Error) as error:
             self._fail(describe(error))
 
-    def connect(self, idle: float | None = None) -> psycopg.Connection[Any]:
+    def connect(self, idle: float | None = None, role: str = "") -> psycopg.Connection[Any]:
         """A connection of its own (autocommit), for listening and handing over,
-        or for transactions that the server ends when they stay ``idle`` (seconds)."""
-        connection = self._connect(self.connect_timeout, self.extra)
+        or for transactions that the server ends when they stay ``idle`` (seconds);
+        named ``alloc-ledger ROLE`` in pg_stat_activity unless the URL names it."""
+        connection = self._connect(self.connect_timeout, self._named(role))
         if idle is not None:
             connection.execute(
                 f"SET idle_in_transaction_session_timeout = '{round(idle * 1000)}ms'")
         return connection
+
+    def _named(self, role: str) -> dict[str, str]:
+        if not (role and self.named):
+            return self.extra
+        return {**self.extra, "application_name": f"{APPLICATION} {role}"}
 
     def unavailable(self, error: BaseException) -> StoreUnavailable:
         return StoreUnavailable(f"store {self.shown}: {describe(error)}")
@@ -329,7 +369,7 @@ class PostgresStore:
         """Create the schema once, or bring one an earlier version made up to
         this one (serialized across processes by an advisory lock)."""
         with self._connect(timeout, extra) as connection:
-            version, guarded = self._found(connection)
+            version, guarded, self.schema_oid = self._found(connection)
             if version == SCHEMA_VERSION:
                 if not guarded:
                     self._guard_ids(connection)
@@ -341,14 +381,15 @@ class PostgresStore:
                     f"there is no ledger in schema {self.schema} (nothing has been submitted "
                     "to it; check --store)"
                 )
-            key = self._creation_key()
             try:
-                connection.execute("SELECT pg_advisory_lock(%s)", (key,))
+                key = (SCHEMA_LOCK, self._make_schema(connection))
+                connection.execute("SELECT pg_advisory_lock(%s, %s)", key)
                 try:
-                    if self._found(connection)[0] != SCHEMA_VERSION:
+                    version, _, self.schema_oid = self._found(connection)
+                    if version != SCHEMA_VERSION:
                         self._create_schema(connection, extra)
                 finally:
-                    connection.execute("SELECT pg_advisory_unlock(%s)", (key,))
+                    connection.execute("SELECT pg_advisory_unlock(%s, %s)", key)
             except (psycopg.Error, PersistenceError) as error:
                 if version and _denied(error):
                     self._fail(
@@ -358,16 +399,28 @@ class PostgresStore:
                     )
                 self._fail(describe(error))
 
-    def _creation_key(self) -> int:
-        """The advisory lock that serializes changes to the schema."""
-        return zlib.crc32(f"alloc-ledger:{self.schema}".encode())
+    def _make_schema(self, connection: psycopg.Connection[Any]) -> int:
+        """The schema's OID, the schema created if missing (by one process
+        of several racing: the others find it made)."""
+        for _ in range(2):
+            found = self._found(connection)[2]
+            if found is not None:
+                return found
+            with suppress(psycopg.errors.UniqueViolation, psycopg.errors.DuplicateSchema):
+                connection.execute(sql.SQL("CREATE SCHEMA IF NOT EXISTS {}").format(
+                    sql.Identifier(self.schema)))
+        found = self._found(connection)[2]
+        if found is None:  # dropped as soon as made
+            self._fail(f"schema {self.schema} vanished while it was being created")
+        return found
 
     def _guard_ids(self, connection: psycopg.Connection[Any]) -> None:
         """Guard the client ids of a store made before they were (another
         process may be doing it too: under the schema's lock, look again)."""
         try:
             with connection.transaction():
-                connection.execute("SELECT pg_advisory_xact_lock(%s)", (self._creation_key(),))
+                connection.execute(
+                    "SELECT pg_advisory_xact_lock(%s, %s)", (SCHEMA_LOCK, self.schema_oid))
                 if not self._found(connection)[1]:
                     for statement in _triggers("event_ids"):
                         connection.execute(statement)
@@ -376,18 +429,21 @@ class PostgresStore:
         except psycopg.Error as error:
             self._fail(describe(error))
 
-    def _found(self, connection: psycopg.Connection[Any]) -> tuple[int, bool]:
-        """The schema version of the ledger the schema holds (0: none), and
-        whether its client ids are guarded."""
-        names = {"hashes": f"{self.schema}.event_hashes", "ids": f"{self.schema}.event_ids"}
+    def _found(self, connection: psycopg.Connection[Any]) -> tuple[int, bool, int | None]:
+        """The schema version of the ledger the schema holds (0: none),
+        whether its client ids are guarded, and the schema's OID (None: no such schema)."""
+        names = {
+            "hashes": f"{self.schema}.event_hashes", "ids": f"{self.schema}.event_ids",
+            "schema": self.schema,
+        }
         try:
             row = connection.execute(FOUND, names).fetchone()
         except psycopg.Error as error:  # the server went away after it answered
             self._fail(describe(error))
         if row is None:
-            return 0, False
+            return 0, False, None
         mark = MARKED.fullmatch(row[0] or "")
-        return (int(mark[1]) if mark else 0), bool(row[1])
+        return (int(mark[1]) if mark else 0), bool(row[1]), row[2]
 
     def _create_schema(self, connection: psycopg.Connection[Any], extra: dict[str, str]) -> None:
         connection.execute(sql.SQL("CREATE SCHEMA IF NOT EXISTS {}").format(
@@ -427,11 +483,15 @@ class PostgresStore:
     def _transaction(
         self, prepare: Callable[[Any], None], pipelined: bool = False,
         given: psycopg.Connection[Any] | None = None, waits: float | None = None,
+        commits_batch: bool = False,
     ) -> Iterator[Any]:
         """One transaction on a pooled connection (or the one given); ``pipelined``:
         statements whose results are not read are sent without waiting (psycopg
         pipeline mode), so a write transaction costs a round trip per read, not
-        per statement. ``waits``: the seconds ``prepare`` lets it wait for a lock."""
+        per statement. ``waits``: the seconds ``prepare`` lets it wait for a lock.
+        ``commits_batch``: a writer's batch is kept by its COMMIT, so a
+        connection lost once the COMMIT is sent leaves it unknown whether it was."""
+        transaction: Any = None
         try:
             with (
                 nullcontext(given) if given else self.datastore.get_connection()
@@ -457,6 +517,13 @@ class PostgresStore:
                     "log's, most likely: its holder may be a writer stopped or cut off); nothing "
                     "of this transaction was written"
                 ) from cause
+            if commits_batch and isinstance(transaction, _Pipelined) and (
+                transaction.committed and connection_lost(cause)
+            ):  # the server may have committed before the connection went
+                raise StoreUnavailable(
+                    f"store {self.shown}: {describe(error)} (after its COMMIT was sent: the "
+                    "batch's events may or may not be kept)"
+                ) from error
             raise StoreUnavailable(f"store {self.shown}: {describe(error)}") from error
 
     def writing(self) -> Any:
@@ -464,7 +531,7 @@ class PostgresStore:
         else; it waits for a lock at most the store's ``timeout``."""
         timeout = self.handoff.timeout
         return self._transaction(
-            partial(self._lock_log, timeout), pipelined=True, waits=timeout)
+            partial(self._lock_log, timeout), pipelined=True, waits=timeout, commits_batch=True)
 
     def projecting(self) -> Any:
         """A transaction for the projection tables: the tracking row locked, never the log."""
@@ -640,7 +707,7 @@ class PostgresStore:
         """Listen for appends (the recorder NOTIFYs on every insert); yield a
         ``wait(timeout)`` that returns whether something was appended."""
         channel = self.recorder.channel_name
-        connection = self._connect(5, self.extra)
+        connection = self._connect(5, self._named("follower"))
         try:
             try:
                 connection.execute(sql.SQL("LISTEN {}").format(sql.Identifier(channel)))

@@ -14,7 +14,6 @@ import subprocess
 import sys
 import threading
 import time
-import zlib
 from contextlib import ExitStack, suppress
 from pathlib import Path
 from typing import Any
@@ -25,15 +24,17 @@ import pytest
 from ledger.application import Ledger
 from ledger.chain import verify
 from ledger.errors import StoreUnavailable
-from ledger.postgres_handoff import HAND
+from ledger.postgres_handoff import HAND, LEADER_LOCK
 from ledger.store import open_store
 
 COMBINE = "&writers=combine"
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def _leader_key(schema: str) -> int:
-    return zlib.crc32(f"alloc-ledger:leader:{schema}".encode())
+def _leader_key(connection: Any, schema: str) -> tuple[int, int]:
+    oid = connection.execute(
+        "SELECT oid::int4 FROM pg_namespace WHERE nspname = %s", (schema,)).fetchone()[0]
+    return LEADER_LOCK, oid
 
 
 def _register(url: str, *nodes: str) -> None:
@@ -103,7 +104,8 @@ def test_a_writer_no_leader_answers_withdraws_its_batch(pg_url, pg_schema, table
     pg_url += COMBINE
     _register(pg_url, "n1")
     blocker = open_store(pg_url).connect()  # type: ignore[attr-defined]
-    blocker.execute("SELECT pg_advisory_lock(%s)", (_leader_key(pg_schema),))  # a stuck leader
+    blocker.execute(  # a stuck leader
+        "SELECT pg_advisory_lock(%s, %s)", _leader_key(blocker, pg_schema))
     try:
         with Ledger.open(f"{pg_url}&timeout=1") as ledger, pytest.raises(
             StoreUnavailable, match="no writer decided the batch within 1 s"
@@ -547,10 +549,10 @@ def _refuse_standing_by(ledger: Ledger, monkeypatch: pytest.MonkeyPatch) -> None
     store: Any = ledger.store
     connect = store.connect
 
-    def refused(idle: float | None = None) -> Any:
-        if idle is not None:  # the standby's lease
+    def refused(idle: float | None = None, role: str = "") -> Any:
+        if role == "standby":  # the standby's lease
             raise StoreUnavailable('cannot open store x: too many connections for role "r"')
-        return connect(idle)
+        return connect(idle, role)
 
     monkeypatch.setattr(store, "connect", refused)
 
