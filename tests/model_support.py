@@ -36,7 +36,8 @@ from hypothesis import strategies as st
 
 TERMINAL = frozenset({"complete", "failed", "lost"})
 DESIRED = ("run", "stop", "remove")
-ADDRESSES = ("10.0.0.1", "10.0.0.2", "10.0.0.3", "fe80::1", "10.0.0.1:80", "10.0.0.1 ")
+# exclusive names, compared as written: 10.0.0.01 is not 10.0.0.1
+ADDRESSES = ("10.0.0.1", "10.0.0.2", "10.0.0.3", "fe80::1", "10.0.0.1:80", "10.0.0.01")
 BASE = datetime(2024, 5, 1, 12, 0, tzinfo=UTC)
 ZONES = (UTC, UTC, UTC, timezone(timedelta(hours=2)), timezone(-timedelta(hours=5, minutes=30)))
 
@@ -1200,9 +1201,12 @@ class Generator:
             key, value = self.pick([
                 ("id", ""), ("id", "x" * 129), ("at", "2024-05-01T12:00:00"),
                 ("at", "yesterday"), ("source", "a\x00b"), ("at", "0001-01-01T00:00:00+10:00"),
+                ("id", "k1 "),
             ] + {
-                "heartbeat": [("node", "n1#0"), ("slots", [{"slot": -1, "alloc": None}])],
+                "heartbeat": [("node", "n1#0"), ("slots", [{"slot": -1, "alloc": None}]),
+                              ("node", " n1")],
                 "alloc-placed": [("slot", -1), ("addresses", ["10.0.0.1", "10.0.0.1"]),
+                                 ("addresses", ["10.0.0.1 "]),
                                  ("max_disconnect", -1), ("alloc", "")],
                 "alloc-updated": [("alloc", "y" * 129)],
                 "node-registered": [("slots", -1), ("slots", 2000), ("node", "")],
