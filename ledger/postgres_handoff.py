@@ -42,19 +42,23 @@ gone by then), and a writer takes its batch back only if no round holds it
 (``WITHDRAW``). A writer that hears nothing within the store's ``timeout``
 withdraws its batch if it is still waiting (nothing of it was written) and
 reports the store unavailable; one whose batch a round holds waits once
-more as long for the answer.
+more as long for the answer. Nor does a writer wait unbounded for a server
+that stops answering (``Watchdog``).
 """
 
 from __future__ import annotations
 
 import itertools
+import os
+import socket
 import sys
 import threading
 import time
 import uuid
 import zlib
+from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
-from contextlib import ExitStack, suppress
+from contextlib import ExitStack, contextmanager, suppress
 from typing import TYPE_CHECKING, Any
 
 import orjson
@@ -152,6 +156,70 @@ STALLED = (
 )
 
 
+class Unanswered(psycopg.OperationalError):
+    """The server did not answer a writer's statement in time (``Watchdog``)."""
+
+
+class Watchdog:
+    """Bounds how long the server may take to answer a writer's statement
+    (``within``). A server that stops answering (frozen, or cut off without
+    a reset) would keep a writer waiting until it answers again or TCP gives
+    up: past the bound, the connection's socket is shut down (the connection
+    object is left to its thread), and the statement fails as ``Unanswered``.
+    One thread for every bound, started when first needed."""
+
+    def __init__(self) -> None:
+        self.changed = threading.Condition()
+        self.armed: tuple[float, int] | None = None  # (deadline, socket)
+        self.fired = False
+        self.closed = False
+        self.thread: threading.Thread | None = None
+
+    @contextmanager
+    def within(self, connection: psycopg.Connection[Any], seconds: float) -> Iterator[None]:
+        with self.changed:
+            if self.thread is None:
+                self.thread = threading.Thread(
+                    target=self._watch, name="alloc-ledger-watchdog", daemon=True)
+                self.thread.start()
+            self.armed, self.fired = (time.monotonic() + seconds, connection.fileno()), False
+            self.changed.notify()
+        try:
+            yield
+        except BaseException as error:
+            if self._disarm() and isinstance(error, psycopg.Error):
+                raise Unanswered(f"the server did not answer within {seconds:g} s") from error
+            raise
+        if self._disarm():  # answered as the bound ran out: the connection is gone all the same
+            raise Unanswered(f"the server did not answer within {seconds:g} s")
+
+    def _disarm(self) -> bool:
+        """Whether the bound ran out."""
+        with self.changed:
+            self.armed = None
+            return self.fired
+
+    def close(self) -> None:
+        with self.changed:
+            self.closed = True
+            self.changed.notify()
+
+    def _watch(self) -> None:
+        with self.changed:
+            while not self.closed:
+                armed = self.armed
+                if armed is None:
+                    self.changed.wait()
+                    continue
+                left = armed[0] - time.monotonic()
+                if left > 0:
+                    self.changed.wait(left)
+                    continue
+                with suppress(OSError), socket.socket(fileno=os.dup(armed[1])) as sock:
+                    sock.shutdown(socket.SHUT_RDWR)
+                self.armed, self.fired = None, True
+
+
 def end_stalled(connection: psycopg.Connection[Any], lease: float) -> None:
     """End the ``STALLED`` sessions (those this role may end: its own)."""
     for (pid,) in connection.execute(STALLED, (lease,)).fetchall():
@@ -203,6 +271,7 @@ class Handoff:
         self.cannot_stand_by: BaseException | None = None  # it could not connect
         self.leading = False
         self.rounds = 0
+        self.watchdog = Watchdog()  # the writer's statements answered in time
 
     # -- the writer's side -----------------------------------------------------
 
@@ -222,15 +291,16 @@ class Handoff:
         handed = False
         try:
             connection = self._writer_connection()
-            connection.execute(
-                HAND, (key, orjson.dumps(batch), self.store.projects_inline, self.to_leader))
+            with self.watchdog.within(connection, self.timeout):
+                connection.execute(
+                    HAND, (key, orjson.dumps(batch), self.store.projects_inline, self.to_leader))
             handed = True
             self._stand_by()
             return self._await(connection, key)
         except psycopg.Error as error:
             self._drop_writer_connection()
             lost = self.store.unavailable(error)
-            if handed:  # a leader may have taken it, and committed it
+            if handed or isinstance(error, Unanswered):  # a leader may have taken it, and committed it
                 raise StoreUnavailable(
                     f"{lost} (after the batch was handed over: its events may or may not be kept)"
                 ) from None
@@ -246,9 +316,10 @@ class Handoff:
             if mine and mine[0]:
                 return [Receipt(*fields) for fields in orjson.loads(mine[0])]
             if mine:  # too many for a notification: in ``outcomes``
-                row = connection.execute(
-                    "DELETE FROM outcomes WHERE batch = %s RETURNING receipts", (key,)
-                ).fetchone()
+                with self.watchdog.within(connection, self.lease):
+                    row = connection.execute(
+                        "DELETE FROM outcomes WHERE batch = %s RETURNING receipts", (key,)
+                    ).fetchone()
                 if row is not None:
                     return [Receipt(*fields) for fields in orjson.loads(row[0])]
             ended = self.ended  # read once: its two parts were published together
@@ -267,7 +338,9 @@ class Handoff:
             failed = None if ended is None or ended[1] else ended[0]
             late = time.monotonic() > deadline
             if late or (failed is not None and not taken):
-                if self._withdraw(connection, key):  # nothing of it was written
+                with self.watchdog.within(connection, self.lease):
+                    withdrawn = self._withdraw(connection, key)
+                if withdrawn:  # nothing of it was written
                     if failed is not None:
                         raise failed
                     raise StoreUnavailable(
@@ -282,7 +355,8 @@ class Handoff:
                 # A round holds it: its answer should be coming. A leader
                 # that stopped has its round ended after the lease, by the
                 # server or here: the batch is back, for the next leader.
-                end_stalled(connection, self.lease)
+                with self.watchdog.within(connection, self.lease):
+                    end_stalled(connection, self.lease)
                 taken = True
                 deadline = time.monotonic() + self.timeout
 
@@ -475,4 +549,5 @@ class Handoff:
         if standby is not None and standby.is_alive():
             standby.join(timeout=10)  # a standby stops at its next look, a leader after its round
         self._drop_writer_connection()
+        self.watchdog.close()
 

@@ -4,11 +4,15 @@ around a lock writer's COMMIT, schemas whose names hash alike, a low
 
 from __future__ import annotations
 
+import contextlib
 import os
+import select
+import socket
 import threading
 import time
 import zlib
 from typing import Any
+from urllib.parse import urlsplit
 
 import psycopg
 import pytest
@@ -209,3 +213,80 @@ def test_a_statement_timeout_too_short_for_a_batch_says_what_to_do(pg_url, monke
         ": canceling statement due to statement timeout (the server's statement_timeout cut it "
         "short: use smaller batches (--batch), or raise it for this role, e.g. ALTER ROLE name "
         "SET statement_timeout = '5min')"), cut.value
+
+
+class FreezingProxy:
+    """A TCP relay to the test server that can stop relaying (``frozen``), as
+    a server stopped (SIGSTOP) or cut off without a reset looks to a client."""
+
+    def __init__(self, host: str, port: int) -> None:
+        self.target = (host, port)
+        self.frozen = threading.Event()
+        self.closing = threading.Event()
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.port = self.listener.getsockname()[1]
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while not self.closing.is_set():
+            try:
+                client, _ = self.listener.accept()
+            except OSError:
+                return
+            server = socket.create_connection(self.target)
+            for source, sink in ((client, server), (server, client)):
+                threading.Thread(target=self._relay, args=(source, sink), daemon=True).start()
+
+    def _relay(self, source: socket.socket, sink: socket.socket) -> None:
+        with contextlib.suppress(OSError):
+            while not self.closing.is_set():
+                if self.frozen.is_set() or not select.select([source], [], [], 0.05)[0]:
+                    time.sleep(0.01)
+                    continue
+                data = source.recv(65536)
+                if not data:
+                    break
+                sink.sendall(data)
+        for end in (source, sink):
+            with contextlib.suppress(OSError):
+                end.shutdown(socket.SHUT_RDWR)
+
+    def close(self) -> None:
+        self.closing.set()
+        self.listener.close()
+
+
+def test_a_writer_whose_server_stops_answering_gives_up_within_its_bounds(
+    pg_url, monkeypatch, tables
+):
+    parts = urlsplit(pg_url)
+    proxy = FreezingProxy(parts.hostname or "127.0.0.1", parts.port or 5432)
+    url = f"{parts._replace(netloc=f'{parts.username}@127.0.0.1:{proxy.port}').geturl()}&timeout=2"
+    _register(url, "n1")
+    thaw = threading.Timer(12, proxy.frozen.clear)  # the server answers again, much later
+    try:
+        with Ledger.open(url) as writer:
+            handoff: Any = writer.store.handoff  # type: ignore[attr-defined]
+            wait = handoff._await
+
+            def frozen_once_handed(connection: Any, key: str) -> Any:
+                proxy.frozen.set()  # its leader does not answer, nor does the server
+                thaw.start()
+                return wait(connection, key)
+
+            monkeypatch.setattr(handoff, "_await", frozen_once_handed)
+            started = time.monotonic()
+            with pytest.raises(StoreUnavailable) as gone:
+                writer.submit({"type": "heartbeat", "node": "n1"})
+            waited = time.monotonic() - started
+            proxy.frozen.clear()
+    finally:
+        thaw.cancel()
+        proxy.frozen.clear()
+        proxy.close()
+
+    # the timeout (2 s) for an answer, then the lease (1 s) to take the batch back
+    assert str(gone.value).endswith(
+        ": the server did not answer within 1 s (after the batch was handed over: its events "
+        "may or may not be kept)"), gone.value
+    assert 3 <= waited < 5, waited
