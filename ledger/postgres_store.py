@@ -653,7 +653,7 @@ class PostgresStore:
     def kept_at(self, cursor: Any, positions: list[int]) -> list[StoredEvent]:
         cursor.execute(
             "SELECT originator_version, topic, COALESCE(state, ''::bytea) FROM stored_events "
-            "WHERE originator_id = %s AND originator_version = ANY(%s) ORDER BY originator_version",
+            "WHERE originator_id = %s AND originator_version = ANY(%s::bigint[]) ORDER BY originator_version",
             (self.stream, positions),
         )
         return [StoredEvent(self.stream, row[0], row[1], bytes(row[2])) for row in cursor.fetchall()]
