@@ -70,8 +70,9 @@ def submit(ctx: click.Context, source: str, quiet: bool, batch: int) -> None:
     One result line per event on stdout, printed once the event is durable:
     {"line": n, "status": "appended|duplicate|rejected|invalid", "position": p, "error": "…"}.
     Exit 0 when every event was appended or duplicate, 1 when any was invalid or
-    rejected (a retry of a rejected event answers duplicate with the rejection
-    as its error, and counts as rejected here), 3 when the store cannot be opened.
+    rejected, or was a retry of a rejected event (a duplicate with the rejection
+    as its error), 3 when the store cannot be opened. --quiet's summary counts
+    those as duplicate and as duplicate_of_rejected.
     """
     if source in EVENT_TYPES:
         receipts = [_one_from_flags(ctx, source)]
@@ -86,8 +87,8 @@ def submit(ctx: click.Context, source: str, quiet: bool, batch: int) -> None:
         with Ledger.open(store_of(ctx)) as ledger:
             counts = _print(_stream(ledger, stream, batch), quiet, sys.stderr.isatty())
     if quiet:
-        _out(json.dumps(counts.summary()) + "\n", None)
-    if counts[UNSETTLED]:
+        _out(json.dumps(dict(counts)) + "\n", None)
+    if counts["rejected"] or counts["invalid"] or counts[OF_REJECTED]:
         ctx.exit(1)
 
 
@@ -286,31 +287,26 @@ def _result_line(number: int, receipt: Receipt) -> str:
     )
 
 
-UNSETTLED = "unsettled"  # not in the summary: events that did not take effect (exit 1)
-
-
-class Counts(Counter[str]):
-    """Receipts by status (the ``--quiet`` summary), and how many did not
-    take effect: the rejected, the invalid, and retries of a rejection."""
-
-    def summary(self) -> dict[str, int]:
-        return {status: n for status, n in self.items() if status != UNSETTLED}
+# In the summary beside the four statuses: the duplicates that retried a
+# rejected event (they did not take effect either: exit 1).
+OF_REJECTED = "duplicate_of_rejected"
 
 
 def _print(
     results: Any, quiet: bool, progress: bool
-) -> Counts:
-    counts = Counts(appended=0, duplicate=0, rejected=0, invalid=0)
+) -> Counter[str]:
+    counts: Counter[str] = Counter(
+        {"appended": 0, "duplicate": 0, "rejected": 0, "invalid": 0, OF_REJECTED: 0})
     shown = time.monotonic()
     for batch in results:
         for _, receipt in batch:
             counts[receipt.status] += 1
-            if receipt.status != "appended" and not receipt.ok:
-                counts[UNSETTLED] += 1
+            if receipt.status == "duplicate" and receipt.error is not None:
+                counts[OF_REJECTED] += 1
         _out("" if quiet else "".join(_result_line(n, receipt) for n, receipt in batch), batch)
         if progress and time.monotonic() - shown > 0.2:
             shown = time.monotonic()
-            done = sum(counts.summary().values())
+            done = sum(counts.values()) - counts[OF_REJECTED]
             click.echo(f"\r{done} events, {counts['rejected']} rejected, "
                        f"{counts['invalid']} invalid", err=True, nl=False)
     if progress:

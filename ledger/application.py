@@ -201,8 +201,8 @@ class Ledger:
             if ident is not None and ident in firsts:
                 receipts.append(retries.answer(event, firsts[ident]))
                 continue
-            if "at" not in event:
-                event["at"] = recorded_at
+            if "at" not in event:  # stamped on a copy: a batch decided again is stamped again
+                event = {**event, "at": recorded_at}
             record = self._record(event, head + 1, recorded_at)
             if isinstance(record, Receipt):
                 receipts.append(record)
@@ -234,8 +234,12 @@ class Ledger:
             kept = {r.position: r for r in map(decode, self.store.kept_at(cursor, sorted(unread)))}
             for ident, position in known.items():
                 if ident not in firsts:
-                    record = kept.get(position)  # missing: a damaged log, which verify names
-                    firsts[ident] = (position, record and record.event, record and record.reason)
+                    if (record := kept.get(position)) is None:
+                        raise LedgerError(
+                            f"the client-id index names position {position} for id '{ident}', "
+                            "which the log lacks; alloc-ledger verify checks whether the log "
+                            "was edited")
+                    firsts[ident] = (position, record.event, record.reason)
         return firsts
 
     def _write(self, cursor: Any, decided: Decided, inline: bool | None) -> None:

@@ -39,16 +39,29 @@ STRICT = ConfigDict(extra="forbid", strict=True)
 # No text may hold a NUL character: PostgreSQL's text cannot, and one such
 # event must be invalid on its own, not fail the transaction of its batch.
 NO_NUL = r"^[^\x00]*$"
-# A name (of a node, an allocation, a job, an address, a client id) neither
-# starts nor ends with white space: "n1 " would be another node than "n1",
-# and no message could show the difference.
-TRIMMED = r"^[^\s\x00](?:[^\x00]*[^\s\x00])?$"
-Name = Annotated[str, Field(min_length=1, max_length=128, pattern=TRIMMED)]
+# A new name (a node registered, an allocation placed, its job and addresses,
+# a client id) neither starts nor ends with white space: "n1 " would be
+# another node than "n1", and no message could show the difference. One
+# spelled-out class, read alike by pydantic's Rust regex, Python's re (the
+# messages) and JSON Schema's ECMA-262 validators: their \s differ (U+001C
+# to U+001F, U+0085, U+FEFF); invisible characters (U+200B, U+180E, U+2060)
+# count as white space here. A name that names what is already there (a
+# heartbeat's node, an update's allocation) is taken as written, so what an
+# earlier release let in can still be updated, stopped and removed.
+SPACE = (
+    r"\t\n\x0b\x0c\r \x1c-\x1f\x85\xa0\u1680\u180e\u2000-\u200b"
+    r"\u2028\u2029\u202f\u205f\u2060\u3000\ufeff"
+)
+TRIMMED = rf"^[^{SPACE}\x00](?:[^\x00]*[^{SPACE}\x00])?$"
+Name = Annotated[str, Field(min_length=1, max_length=128, pattern=NO_NUL)]
+NewName = Annotated[str, Field(min_length=1, max_length=128, pattern=TRIMMED)]
 # '#' separates node and slot (n1#0), so a node name may not contain it.
-NodeName = Annotated[
-    str, Field(min_length=1, max_length=128, pattern=r"^[^\s#\x00](?:[^#\x00]*[^\s#\x00])?$")]
+NodeName = Annotated[str, Field(min_length=1, max_length=128, pattern=r"^[^#\x00]+$")]
+NewNodeName = Annotated[
+    str,
+    Field(min_length=1, max_length=128, pattern=rf"^[^{SPACE}#\x00](?:[^#\x00]*[^{SPACE}#\x00])?$"),
+]
 Address = Annotated[str, Field(min_length=1, max_length=256, pattern=TRIMMED)]
-_ENDS_IN_SPACE = re.compile(r"^\s|\s$")
 SlotIndex = Annotated[int, Field(ge=0, lt=MAX_SLOTS)]
 Text = Annotated[str, Field(max_length=1024, pattern=NO_NUL)]
 
@@ -88,7 +101,7 @@ class SlotReport(TypedDict):
 class Envelope(TypedDict):
     """What every event may carry besides its own fields."""
 
-    id: NotRequired[Name | None]
+    id: NotRequired[NewName | None]
     at: NotRequired[Instant | None]
     source: NotRequired[Text | None]
 
@@ -96,7 +109,7 @@ class Envelope(TypedDict):
 @with_config(STRICT)
 class NodeRegistered(Envelope):
     type: Literal["node-registered"]
-    node: NodeName
+    node: NewNodeName
     slots: NotRequired[Annotated[int, Field(ge=0, le=MAX_SLOTS)] | None]
     parent: NotRequired[NodeName | None]
 
@@ -144,9 +157,9 @@ class HealthChecked(Envelope):
 @with_config(STRICT)
 class AllocPlaced(Envelope):
     type: Literal["alloc-placed"]
-    alloc: Name
+    alloc: NewName
     node: NodeName
-    job: NotRequired[Name | None]
+    job: NotRequired[NewName | None]
     slot: NotRequired[SlotIndex | None]
     addresses: NotRequired[Addresses | None]
     max_disconnect: NotRequired[Annotated[int, Field(ge=0, le=MAX_SECONDS)] | None]
@@ -255,7 +268,9 @@ def describe(error: ValidationError, tagged: bool = True) -> str:
             parts.append(f"field 'at': {rfc3339_problem(item.get('input'))}")
         elif kind == "string_pattern_mismatch" and "\x00" in str(item.get("input")):
             parts.append(f"field '{field}': must not contain a NUL character")
-        elif kind == "string_pattern_mismatch" and _ENDS_IN_SPACE.search(str(item.get("input"))):
+        elif kind == "string_pattern_mismatch" and (
+            "#" not in str(item.get("input")) or field not in ("node", "parent")
+        ):  # a node's name may hold neither; '#' is named first
             parts.append(f"field '{field}': must not start or end with white space")
         elif kind == "string_pattern_mismatch":
             parts.append(f"field '{field}': must not contain '#' (it separates node and slot)")

@@ -20,27 +20,26 @@ from __future__ import annotations
 
 from typing import Any
 
-from ledger.events import DEFAULTS
 from ledger.model import Event, Receipt
 
 # What was kept under an id: its position, the event as kept (``at`` in its
-# text form; None: unreadable, the index names a position the log lacks) and,
-# if it was rejected, the reason. A plain tuple: one is made per event with an
-# id, and a frozen dataclass's __init__ costs ten times as much.
-First = tuple[int, dict[str, Any] | None, str | None]
+# text form) and, if it was rejected, the reason. A plain tuple: one is made
+# per event with an id, and a frozen dataclass's __init__ costs ten times as much.
+First = tuple[int, dict[str, Any], str | None]
+PLURAL = ("addresses", "slots")  # fields named in the plural: "addresses differ"
 
 
 def answer(retry: Event, first: First) -> Receipt:
     """The receipt of a submission whose id is already in the ledger."""
     position, kept, reason = first
-    differing = [] if kept is None else differences(retry, kept)
+    differing = differences(retry, kept)
     if differing:
+        verb = "differs" if len(differing) == 1 and differing[0] not in PLURAL else "differ"
         return Receipt(
             "invalid",
             error=(
-                f"id '{retry['id']}' is already used by another event ({kept['type']} at "  # type: ignore[index]
-                f"position {position}; {', '.join(differing)} "
-                f"differ{'s' if len(differing) == 1 else ''}): "
+                f"id '{retry['id']}' is already used by another event ({kept['type']} at "
+                f"position {position}; {', '.join(differing)} {verb}): "
                 "a retry must repeat the event, a new event needs a new id"
             ),
         )
@@ -50,11 +49,15 @@ def answer(retry: Event, first: First) -> Receipt:
 
 
 def differences(retry: Event, kept: dict[str, Any]) -> list[str]:
-    """The fields in which a retry is not the kept event (defaults filled in
-    on both sides: a store of an earlier release may have kept them out)."""
-    kept = DEFAULTS.get(kept.get("type"), {}) | kept  # type: ignore[arg-type]
+    """The fields in which a retry is not the kept event. Addresses are a set,
+    as for placing an allocation again (README)."""
     names = retry.keys() | kept.keys()
     if "at" not in retry:
         names.discard("at")
-    return sorted(name for name in names if retry.get(name) != kept.get(name))
+    return sorted(name for name in names if not _same(name, retry.get(name), kept.get(name)))
 
+
+def _same(name: str, mine: Any, theirs: Any) -> bool:
+    if name == "addresses" and isinstance(mine, list) and isinstance(theirs, list):
+        return sorted(mine) == sorted(theirs)
+    return mine == theirs

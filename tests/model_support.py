@@ -1203,13 +1203,12 @@ class Generator:
                 ("at", "yesterday"), ("source", "a\x00b"), ("at", "0001-01-01T00:00:00+10:00"),
                 ("id", "k1 "),
             ] + {
-                "heartbeat": [("node", "n1#0"), ("slots", [{"slot": -1, "alloc": None}]),
-                              ("node", " n1")],
+                "heartbeat": [("node", "n1#0"), ("slots", [{"slot": -1, "alloc": None}])],
                 "alloc-placed": [("slot", -1), ("addresses", ["10.0.0.1", "10.0.0.1"]),
                                  ("addresses", ["10.0.0.1 "]),
                                  ("max_disconnect", -1), ("alloc", "")],
                 "alloc-updated": [("alloc", "y" * 129)],
-                "node-registered": [("slots", -1), ("slots", 2000), ("node", "")],
+                "node-registered": [("slots", -1), ("slots", 2000), ("node", ""), ("node", " n1")],
                 "health-checked": [("node", "n1#1")],
             }[base["type"]])
             base[key] = value

@@ -357,6 +357,23 @@ def test_verify_names_an_event_whose_client_id_the_index_lost_or_moved(
     )
 
 
+def test_a_retry_whose_id_the_index_places_where_the_log_has_nothing_fails_naming_it(
+    attack: Attack,
+) -> None:
+    """Answering duplicate would drop the event; answering as new would use
+    the id twice: the damage is named instead, and nothing is appended."""
+    client = client_id(attack, 50)
+    attack.attacker.sql("UPDATE event_ids SET position = 99999 WHERE id = ?", (client,))
+
+    retried = run("submit", "heartbeat", "--node", "n1", "--id", client, url=attack.target.url)
+
+    assert retried.returncode == 1, retried.stderr
+    assert one_line_error(retried.stderr) == (
+        f"Error: the client-id index names position 99999 for id '{client}', which the log "
+        "lacks; alloc-ledger verify checks whether the log was edited")
+    assert retried.stdout == b""
+
+
 def test_an_id_problem_before_a_chain_break_is_named_first(
     attack: Attack, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -89,7 +89,7 @@ def stories(tmp_path_factory: pytest.TempPathFactory) -> str:
     source.write_text(lines(*all_events()))
     url = f"sqlite:///{folder}/stories.db"
     result = invoke(store(url, "submit", str(source), "--quiet"), code=1)
-    assert result.stdout == '{"appended": 39, "duplicate": 0, "rejected": 10, "invalid": 0}\n'
+    assert result.stdout == '{"appended": 39, "duplicate": 0, "rejected": 10, "invalid": 0, "duplicate_of_rejected": 0}\n'
     return url
 
 
@@ -247,7 +247,8 @@ def test_a_retry_of_a_rejected_event_is_a_duplicate_carrying_it_and_exits_1(url)
     assert rejected.stdout == result_line(1, "rejected", 1, "node n9 is not registered")
     assert again.stdout == result_line(
         1, "duplicate", 1, "rejected at position 1: node n9 is not registered")
-    assert json.loads(quiet.stdout) == {"appended": 0, "duplicate": 1, "rejected": 0, "invalid": 0}
+    assert json.loads(quiet.stdout) == {
+        "appended": 0, "duplicate": 1, "rejected": 0, "invalid": 0, "duplicate_of_rejected": 1}
 
 
 def test_another_event_under_a_kept_id_is_invalid_and_exits_1(url, tmp_path):
@@ -411,7 +412,7 @@ def test_submit_quiet_prints_only_a_summary(tmp_path, url):
 
     result = invoke(store(url, "submit", str(source), "--quiet"), code=1)
 
-    assert result.stdout == '{"appended": 2, "duplicate": 1, "rejected": 2, "invalid": 3}\n'
+    assert result.stdout == '{"appended": 2, "duplicate": 1, "rejected": 2, "invalid": 3, "duplicate_of_rejected": 1}\n'
 
 
 def test_submit_quiet_exits_0_when_everything_was_appended(tmp_path, url):
@@ -420,7 +421,7 @@ def test_submit_quiet_exits_0_when_everything_was_appended(tmp_path, url):
 
     result = invoke(store(url, "submit", str(source), "--quiet"))
 
-    assert result.stdout == '{"appended": 5, "duplicate": 0, "rejected": 0, "invalid": 0}\n'
+    assert result.stdout == '{"appended": 5, "duplicate": 0, "rejected": 0, "invalid": 0, "duplicate_of_rejected": 0}\n'
 
 
 # -- usage errors: exit 2 -----------------------------------------------------------

@@ -110,7 +110,7 @@ def url(tmp_path: Path) -> str:
     url = f"sqlite:///{tmp_path}/ledger.db"
     result = invoke(["--store", url, "submit", str(source), "--quiet"], code=1)  # one rejected
     assert json.loads(result.stdout) == {"appended": 8, "duplicate": 0, "rejected": 1,
-                                         "invalid": 0}
+                                         "invalid": 0, "duplicate_of_rejected": 0}
     return url
 
 

@@ -259,6 +259,41 @@ def test_a_retry_without_at_is_the_event_the_ledger_stamped(cluster):
     assert cluster.head() == 2
 
 
+def test_a_retry_decided_again_is_not_taken_for_another_event(cluster):
+    """A batch is decided again when the decision it was made on is dropped
+    (another writer appended meanwhile): the ledger's stamp on the first
+    decision must not stay on the event, or its retry would differ in ``at``."""
+    class Dropped(Exception):
+        pass
+
+    cluster.happens("node-registered", node="n1")
+    batch = [{"type": "heartbeat", "node": "n1", "id": "x"}]
+    with pytest.raises(Dropped), cluster.ledger.store.writing() as cursor:
+        assert cluster.ledger.decide(cursor, batch)[0].status == "appended"
+        raise Dropped  # the transaction is rolled back: nothing of it is kept
+    cluster.ledger.forget()
+    assert "at" not in batch[0]
+    assert cluster.happens("heartbeat", node="n1", id="x") == 2  # kept meanwhile, stamped now
+
+    with cluster.ledger.store.writing() as cursor:
+        again = cluster.ledger.decide(cursor, batch)
+
+    assert [(r.status, r.position, r.error) for r in again] == [("duplicate", 2, None)]
+
+
+def test_a_retry_by_id_may_list_the_addresses_in_another_order(cluster):
+    """Addresses are a set, as when an allocation is placed again (README)."""
+    cluster.ready_node("n1", slots=1)
+    cluster.happens("alloc-placed", alloc="a1", node="n1", addresses=["x", "y"], id="p")
+
+    retry = cluster.submit("alloc-placed", alloc="a1", node="n1", addresses=["y", "x"], id="p")
+    other = cluster.submit("alloc-placed", alloc="a1", node="n1", addresses=["x", "z"], id="p")
+
+    assert (retry.status, retry.position, retry.error) == ("duplicate", 3, None)
+    assert other.status == "invalid"
+    assert "(alloc-placed at position 3; addresses differ)" in other.error
+
+
 def test_a_retry_that_spells_out_a_default_is_the_same_event(cluster):
     cluster.happens("node-registered", node="n1", id="r")
 
