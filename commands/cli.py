@@ -3,9 +3,9 @@ and the one place library errors become one-line messages and exit codes."""
 
 from __future__ import annotations
 
+import errno
 import importlib
 import os
-import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -119,16 +119,27 @@ class LedgerGroup(click.Group):
             raise
         except KeyboardInterrupt:  # Ctrl-C: what was reported before it is kept
             raise interrupted() from None
-        except BrokenPipeError:
-            sys.stderr.close()
-            raise click.exceptions.Exit(1) from None
-        except Exception as error:  # never a traceback for users
-            if os.environ.get("ALLOC_LEDGER_DEBUG"):
-                raise
-            raise click.ClickException(
-                f"internal error: {type(error).__name__}: {error} "
-                "(set ALLOC_LEDGER_DEBUG=1 for the traceback)"
-            ) from None
+        except OSError as error:
+            if error.errno in STDOUT_FAILURES:  # click's own text (a command's --help)
+                raise output_lost(error) from None
+            raise _internal(error) from None
+        except Exception as error:  # noqa: BLE001 - never a traceback for users
+            raise _internal(error) from None
+
+
+# What writing to stdout fails with (what else the commands write is the
+# store, whose errors are the database driver's, not OSError).
+STDOUT_FAILURES = (errno.EPIPE, errno.ENOSPC, errno.EFBIG, errno.EDQUOT)
+
+
+def _internal(error: Exception) -> click.ClickException:
+    """A failure no rule names: one line (the traceback with ALLOC_LEDGER_DEBUG)."""
+    if os.environ.get("ALLOC_LEDGER_DEBUG"):
+        raise error
+    return click.ClickException(
+        f"internal error: {type(error).__name__}: {error} "
+        "(set ALLOC_LEDGER_DEBUG=1 for the traceback)"
+    )
 
 
 STORE_GOES_FIRST = "--store goes before the command: alloc-ledger --store URL {} …"

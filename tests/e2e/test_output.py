@@ -112,7 +112,10 @@ def test_a_full_stdout_is_one_line_and_exit_1(small, args):
     assert (done.returncode, one_line_of(done.stderr)) == (1, FULL)
 
 
-@pytest.mark.parametrize("args", [["--help"], ["--version"]], ids=" ".join)
+@pytest.mark.parametrize("args", [
+    ["--help"], ["--version"], ["submit", "--help"], ["query", "--help"],
+    ["query", "nodes", "--help"], ["verify", "--help"],
+], ids=" ".join)
 def test_help_or_version_to_a_full_stdout_is_one_line_not_a_traceback(args):
     done = run('"$@" > /dev/full', *args)
     assert (done.returncode, one_line_of(done.stderr)) == (1, FULL)
