@@ -288,19 +288,24 @@ class Handoff:
         """Hand a batch over and return its receipts once they are durable."""
         self.decider = decider
         key = uuid.uuid4().hex
-        handed = False
+        handed = sending = False
         try:
             connection = self._writer_connection()
             with self.watchdog.within(connection, self.timeout):
+                sending = True
                 connection.execute(
                     HAND, (key, orjson.dumps(batch), self.store.projects_inline, self.to_leader))
             handed = True
             self._stand_by()
             return self._await(connection, key)
         except psycopg.Error as error:
+            from ledger.postgres_store import connection_lost  # (it imports this module)
+
             self._drop_writer_connection()
             lost = self.store.unavailable(error)
-            if handed or isinstance(error, Unanswered):  # a leader may have taken it, and committed it
+            # Cut off while handing it over: the hand-over may have committed, its
+            # answer lost with the connection (an immediate shutdown).
+            if handed or isinstance(error, Unanswered) or (sending and connection_lost(error)):
                 raise StoreUnavailable(
                     f"{lost} (after the batch was handed over: its events may or may not be kept)"
                 ) from None

@@ -290,3 +290,34 @@ def test_a_writer_whose_server_stops_answering_gives_up_within_its_bounds(
         ": the server did not answer within 1 s (after the batch was handed over: its events "
         "may or may not be kept)"), gone.value
     assert 3 <= waited < 5, waited
+
+
+def test_a_writer_cut_off_while_handing_its_batch_over_says_its_events_may_be_kept(
+    pg_url, monkeypatch
+):
+    """An immediate shutdown may end the session once the hand-over is
+    committed and before its answer is read: a leader may yet decide it."""
+    from ledger import postgres_handoff
+
+    _register(pg_url, "n1")
+    writer_connection = postgres_handoff.Handoff._writer_connection
+
+    class CutWhileHanding:
+        def __init__(self, connection: psycopg.Connection[Any]) -> None:
+            self.connection = connection
+
+        def __getattr__(self, name: str) -> Any:
+            return getattr(self.connection, name)
+
+        def execute(self, statement: Any, *args: Any) -> Any:
+            if statement is postgres_handoff.HAND:
+                raise psycopg.OperationalError("server closed the connection unexpectedly")
+            return self.connection.execute(statement, *args)
+
+    monkeypatch.setattr(postgres_handoff.Handoff, "_writer_connection",
+                        lambda self: CutWhileHanding(writer_connection(self)))
+    with Ledger.open(pg_url) as writer, pytest.raises(StoreUnavailable) as lost:
+        writer.submit({"type": "heartbeat", "node": "n1"})
+
+    assert str(lost.value).endswith(
+        "(after the batch was handed over: its events may or may not be kept)"), lost.value
