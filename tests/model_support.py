@@ -923,7 +923,7 @@ class Generator:
                 self.names += 1
                 name = f"n{self.names}"
                 if self.pct(15):  # names that differ from n1 only in case, quoting, script
-                    name = self.pick(["N1", "n'1", 'n"1', "n 1", "nœud-ü", "n1 "])
+                    name = self.pick(["N1", "n'1", 'n"1', "n 1", "nœud-ü", "n1\u00a01"])
                 gone = self.node_names("down", "removed")
                 if gone and self.pct(30):
                     parent = self.pick(gone)  # rejected
