@@ -166,13 +166,17 @@ class Watchdog:
     a reset) would keep a writer waiting until it answers again or TCP gives
     up: past the bound, the connection's socket is shut down (the connection
     object is left to its thread), and the statement fails as ``Unanswered``.
-    One thread for every bound, started when first needed."""
+    One thread for every bound, started when first needed, and woken only
+    when a bound comes before the one it sleeps towards (or it has none):
+    a later one it finds when it wakes, so most statements do not pay for a
+    thread switch."""
 
     def __init__(self) -> None:
         self.changed = threading.Condition()
         self.armed: tuple[float, int] | None = None  # (deadline, socket)
         self.fired = False
         self.closed = False
+        self.until: float | None = None  # what the thread sleeps towards (None: no bound)
         self.thread: threading.Thread | None = None
 
     @contextmanager
@@ -182,8 +186,10 @@ class Watchdog:
                 self.thread = threading.Thread(
                     target=self._watch, name="alloc-ledger-watchdog", daemon=True)
                 self.thread.start()
-            self.armed, self.fired = (time.monotonic() + seconds, connection.fileno()), False
-            self.changed.notify()
+            deadline = time.monotonic() + seconds
+            self.armed, self.fired = (deadline, connection.fileno()), False
+            if self.until is None or deadline < self.until:
+                self.changed.notify()
         try:
             yield
         except BaseException as error:
@@ -209,10 +215,12 @@ class Watchdog:
             while not self.closed:
                 armed = self.armed
                 if armed is None:
+                    self.until = None
                     self.changed.wait()
                     continue
                 left = armed[0] - time.monotonic()
                 if left > 0:
+                    self.until = armed[0]
                     self.changed.wait(left)
                     continue
                 with suppress(OSError), socket.socket(fileno=os.dup(armed[1])) as sock:
