@@ -51,6 +51,8 @@ def answer(retry: Event, first: First) -> Receipt:
 def differences(retry: Event, kept: dict[str, Any]) -> list[str]:
     """The fields in which a retry is not the kept event. Addresses are a set,
     as for placing an allocation again (README)."""
+    if retry == kept:  # a retry as it was sent the first time, ``at`` and all
+        return []
     names = retry.keys() | kept.keys()
     if "at" not in retry:
         names.discard("at")
