@@ -301,7 +301,7 @@ def _print(
     for batch in results:
         for _, receipt in batch:
             counts[receipt.status] += 1
-            if receipt.status == "duplicate" and receipt.error is not None:
+            if receipt.status == "duplicate" and not receipt.ok:
                 counts[OF_REJECTED] += 1
         _out("" if quiet else "".join(_result_line(n, receipt) for n, receipt in batch), batch)
         if progress and time.monotonic() - shown > 0.2:

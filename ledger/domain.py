@@ -285,9 +285,9 @@ class Cluster:
             fields = ("slot", "job", "addresses", "max_disconnect")
             differ = [f for f, old, new in zip(fields, existing.placement()[1:], wanted[1:])
                       if old != new]
-            verb = "differ" if len(differ) > 1 or differ == ["addresses"] else "differs"
             raise errors.AllocationExists(
-                f"allocation {name} {held}, and its {' and '.join(differ)} {verb}; "
+                f"allocation {name} {held}, and its {' and '.join(differ)} "
+                f"{errors.differ(differ)}; "
                 "placing it again must repeat the same fields"
             )
         raise errors.AllocationExists(f"allocation {name} {held}")

@@ -95,6 +95,16 @@ class SlotReportInvalid(RuleViolation):
     pass
 
 
+# Fields named in the plural: "its addresses differ", as "its slot and job differ".
+PLURAL_FIELDS = ("addresses", "slots")
+
+
+def differ(fields: list[str]) -> str:
+    """The verb after fields named as differing: "differs" after one named in
+    the singular, "differ" otherwise."""
+    return "differs" if len(fields) == 1 and fields[0] not in PLURAL_FIELDS else "differ"
+
+
 class AllocationExists(RuleViolation):
     pass
 

@@ -117,8 +117,13 @@ def placement(
     node: str, slot: int | None, job: str | None, addresses: list[str], max_disconnect: int | None
 ) -> tuple[object, ...]:
     """What placing an allocation fixes, to tell a retry from another
-    placement; addresses are a set (sorted)."""
-    return (node, slot, job, tuple(sorted(addresses)), max_disconnect)
+    placement."""
+    return (node, slot, job, address_set(addresses), max_disconnect)
+
+
+def address_set(addresses: list[str]) -> tuple[str, ...]:
+    """An allocation's addresses as compared: a set, in any order (README)."""
+    return tuple(sorted(addresses))
 
 
 @dataclass(slots=True)

@@ -20,13 +20,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from ledger.model import Event, Receipt
+from ledger.errors import differ
+from ledger.model import Event, Receipt, address_set
 
 # What was kept under an id: its position, the event as kept (``at`` in its
 # text form) and, if it was rejected, the reason. A plain tuple: one is made
 # per event with an id, and a frozen dataclass's __init__ costs ten times as much.
 First = tuple[int, dict[str, Any], str | None]
-PLURAL = ("addresses", "slots")  # fields named in the plural: "addresses differ"
 
 
 def answer(retry: Event, first: First) -> Receipt:
@@ -34,12 +34,11 @@ def answer(retry: Event, first: First) -> Receipt:
     position, kept, reason = first
     differing = differences(retry, kept)
     if differing:
-        verb = "differs" if len(differing) == 1 and differing[0] not in PLURAL else "differ"
         return Receipt(
             "invalid",
             error=(
                 f"id '{retry['id']}' is already used by another event ({kept['type']} at "
-                f"position {position}; {', '.join(differing)} {verb}): "
+                f"position {position}; {', '.join(differing)} {differ(differing)}): "
                 "a retry must repeat the event, a new event needs a new id"
             ),
         )
@@ -61,5 +60,5 @@ def differences(retry: Event, kept: dict[str, Any]) -> list[str]:
 
 def _same(name: str, mine: Any, theirs: Any) -> bool:
     if name == "addresses" and isinstance(mine, list) and isinstance(theirs, list):
-        return sorted(mine) == sorted(theirs)
+        return address_set(mine) == address_set(theirs)
     return mine == theirs
