@@ -156,14 +156,18 @@ class SQLiteStore:
         self.read_only = not self._may_write()
         if create and self.read_only:
             raise StoreUnavailable(f"cannot open store {url}: {self._target()} is not writable")
-        if not create and not (os.path.exists(path) and _holds_ledger(self._reading_uri())):
+        exists = os.path.exists(path)
+        # read-only (what a reading command probes, what a reader opens): made once,
+        # as it may look at the file system
+        reading = self._reading_uri() if exists and (self.read_only or not create) else path
+        if not create and not (exists and _holds_ledger(reading)):
             raise StoreUnavailable(
                 f"cannot open store {url}: there is no ledger at {path} (nothing has been "
                 "submitted to it; check --store)"
             )
         try:
             self.datastore = SQLiteDatastore(
-                self._reading_uri() if self.read_only else path, lock_timeout=int(timeout) or 1)
+                reading if self.read_only else path, lock_timeout=int(timeout) or 1)
             self.recorder = SQLiteProcessRecorder(self.datastore)
             self._create_schema_waiting(timeout)
         except (PersistenceError, sqlite3.Error) as error:
