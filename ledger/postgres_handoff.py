@@ -235,6 +235,16 @@ def end_stalled(connection: psycopg.Connection[Any], lease: float) -> None:
             connection.execute("SELECT pg_terminate_backend(%s)", (pid,))
 
 
+def connection_lost(error: BaseException) -> bool:
+    """Whether the connection broke or the server ended the session (an
+    administrator, a shutdown, a crash): not an error that rolled back a
+    transaction, which the server reports and carries on."""
+    if not isinstance(error, psycopg.Error):
+        return False
+    state = error.sqlstate
+    return state is None or state.startswith("08") or state in ("57P01", "57P02", "57P03")
+
+
 def lost_lead(error: BaseException) -> bool:
     """Whether a leader's failure was its session ending (or its lease running
     out waiting for the log's lock), not its work failing."""
@@ -307,13 +317,11 @@ class Handoff:
             self._stand_by()
             return self._await(connection, key)
         except psycopg.Error as error:
-            from ledger.postgres_store import connection_lost  # (it imports this module)
-
             self._drop_writer_connection()
             lost = self.store.unavailable(error)
-            # Cut off while handing it over: the hand-over may have committed, its
-            # answer lost with the connection (an immediate shutdown).
-            if handed or isinstance(error, Unanswered) or (sending and connection_lost(error)):
+            # Cut off while handing it over (the watchdog's ``Unanswered`` too): the
+            # hand-over may have committed, its answer lost with the connection.
+            if handed or (sending and connection_lost(error)):
                 raise StoreUnavailable(
                     f"{lost} (after the batch was handed over: its events may or may not be kept)"
                 ) from None

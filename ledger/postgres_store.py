@@ -38,7 +38,7 @@ from psycopg.rows import dict_row, tuple_row
 from ledger import postgres_writes
 from ledger.errors import LedgerError, MadeByNewer, StoreUnavailable
 from ledger.postgres_handoff import TABLES as HANDOFF_TABLES
-from ledger.postgres_handoff import Handoff
+from ledger.postgres_handoff import Handoff, connection_lost
 from ledger.postgres_preload import KNOWN_IDS, Preload, known_ids, named_by, not_cached
 from ledger.postgres_writes import LogRecorder
 from ledger.store import (
@@ -228,16 +228,6 @@ def describe(error: BaseException) -> str:
     if isinstance(cause, psycopg.errors.QueryCanceled) and "statement timeout" in line:
         return f"{line} ({STATEMENT_TIMEOUT})"
     return line
-
-
-def connection_lost(error: BaseException) -> bool:
-    """Whether the connection broke or the server ended the session (an
-    administrator, a shutdown, a crash): not an error that rolled back a
-    transaction, which the server reports and carries on."""
-    if not isinstance(error, psycopg.Error):
-        return False
-    state = error.sqlstate
-    return state is None or state.startswith("08") or state in ("57P01", "57P02", "57P03")
 
 
 def _denied(error: BaseException) -> bool:

@@ -180,10 +180,7 @@ class LogRecorder(PostgresProcessRecorder):
         # The library's lock (``_lock_table``) without the ``SET LOCAL
         # lock_timeout`` it sends first (the datastore's: none): the store
         # bounds the wait itself (``PostgresStore.lock_log``).
-        self.lock_statement = sql.SQL("LOCK TABLE {schema}.{table} IN EXCLUSIVE MODE").format(
-            schema=sql.Identifier(self.datastore.schema),
-            table=sql.Identifier(self.events_table_name),
-        ).as_string(None)
+        self.lock_statement = self.lock_table_statements[-1].as_string(None)
 
 
 INSERT_HASHES = f"INSERT INTO event_hashes (position, hash) SELECT * FROM {rows_of(['bigint', 'text'])} r"
