@@ -27,6 +27,7 @@ def test_a_bound_earlier_than_the_one_the_watchdog_sleeps_towards_still_runs_out
     """It is not woken for every statement, only for a bound that comes
     before the one it sleeps towards (a writer's lease after its timeout)."""
     mine, server = socket.socketpair()
+    mine.settimeout(10)  # a watchdog that never fires fails the test, not hangs it
     dog = Watchdog()
     try:
         with dog.within(Connection(mine), 30):  # answered once it sleeps towards 30 s
