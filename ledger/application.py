@@ -19,7 +19,7 @@ from ledger.chain import GENESIS, link
 from ledger.collection import fewer_collections
 from ledger.domain import AlreadyPlaced, Cluster, touched_by
 from ledger.errors import InvalidEvent, LedgerError, RuleViolation
-from ledger.model import OUT_OF_YEARS, RULES, Event, Fact, Receipt, answered, timestamp, valid_of
+from ledger.model import RULES, Event, Fact, Receipt, answered, timestamp, valid_of
 from ledger.records import REJECTED, Record, decode, encode
 from ledger.retries import First
 from ledger.store import LoggedEvent, Store, open_store
@@ -113,15 +113,9 @@ class Ledger:
     def parse(item: Submission) -> Event | Receipt:
         """A valid event (``at`` in its one text form), or the receipt of an invalid one."""
         try:
-            event = events.received(item)
+            return events.received(item)
         except InvalidEvent as error:
             return Receipt("invalid", error=str(error))
-        if "at" in event:
-            try:
-                event["at"] = timestamp(event["at"])  # one text form from here on
-            except OverflowError:  # 0001-01-01T00:00:00+10:00 is before the year 1 in UTC
-                return Receipt("invalid", error=f"field 'at': the time is {OUT_OF_YEARS}")
-        return event
 
     def decide(
         self, cursor: Any, batch: list[Event], inline: bool | None = None
@@ -259,8 +253,11 @@ class Ledger:
             related = self._effects(event, self.cluster.related(event))
             return Record(
                 position, REJECTED, event, recorded_at, related, str(violation), rules=self.rules)
-        own = (event.get("node"), event.get("alloc"))
-        effects = [] if all(t in own for t in touches) else self._effects(event, touches)
+        effects = []
+        for touched in touches:  # nearly always only what the event names: no effects
+            if touched != event.get("node") and touched != event.get("alloc"):
+                effects = self._effects(event, touches)
+                break
         return Record(position, event["type"], event, recorded_at, effects, rules=self.rules)
 
     @staticmethod

@@ -30,7 +30,14 @@ from pydantic_core import from_json
 from typing_extensions import TypedDict
 
 from ledger.errors import InvalidEvent
-from ledger.model import RFC3339, RFC3339_IN_RANGE, Event, moment_of_form, rfc3339_problem
+from ledger.model import (
+    OUT_OF_YEARS,
+    RFC3339,
+    RFC3339_IN_RANGE,
+    Event,
+    kept_time,
+    rfc3339_problem,
+)
 
 MAX_SLOTS = 1024
 MAX_SECONDS = 2**31 - 1  # a duration's most seconds: an INTEGER column in both stores
@@ -316,8 +323,9 @@ def _not_utf8(line: bytes, error: UnicodeDecodeError) -> str:
 
 def received(data: str | bytes | dict[str, Any]) -> Event:
     """Validate one event (JSON text, or a dict read as that JSON would be);
-    return it as it will be kept, but for ``at``, which stays a datetime or
-    absent until the ledger stamps it. Raise ``InvalidEvent``."""
+    return it as it will be kept: ``at`` in its one text form
+    (``ledger.model.timestamp``), or absent until the ledger stamps it.
+    Raise ``InvalidEvent``."""
     kind = None
     given: dict[str, Any] | None = None
     if isinstance(data, dict):
@@ -346,9 +354,11 @@ def received(data: str | bytes | dict[str, Any]) -> Event:
         event = {k: v for k, v in event.items() if v is not None}
     if "at" in event:
         try:
-            event["at"] = moment_of_form(event["at"])
+            event["at"] = kept_time(event["at"])  # one text form from here on
         except ValueError:  # RFC 3339's form, a field out of range (month 13)
             raise InvalidEvent(f"field 'at': {rfc3339_problem(event['at'])}") from None
+        except OverflowError:  # 0001-01-01T00:00:00+10:00 is before the year 1 in UTC
+            raise InvalidEvent(f"field 'at': the time is {OUT_OF_YEARS}") from None
     defaults = DEFAULTS.get(event["type"])
     return event if defaults is None else defaults | event
 

@@ -11,7 +11,7 @@ from ledger import events
 from ledger.application import Ledger
 from ledger.domain import AlreadyPlaced, Changes, Cluster
 from ledger.errors import RuleViolation
-from ledger.model import AddressHold, Fact, timestamp
+from ledger.model import AddressHold, Fact
 from ledger.store import open_store
 from projections import rows
 from projections.rows import Statements, TableSource
@@ -26,7 +26,6 @@ def simulated_changes(count: int, every: int) -> list[Changes]:
     taken = []
     for position, data in enumerate(generate(count, nodes=12, slots=2, seed=5), 1):
         event = events.received(data)
-        event["at"] = timestamp(event["at"])
         fact = Fact(position, event["at"])
         try:
             cluster.apply(event, fact)
