@@ -70,7 +70,8 @@ LIBPQ_OPTIONS = (
     "keepalives_count", "tcp_user_timeout",
 )
 APPLICATION = "alloc-ledger"  # the sessions' application_name, unless the URL gives one
-OPTIONS = {"schema", "projections", "writers", "connect_timeout", "timeout", *LIBPQ_OPTIONS}
+OPTIONS = {
+    "schema", "projections", "writers", "connect_timeout", "timeout", "password", *LIBPQ_OPTIONS}
 # A session that stalls inside its transaction (a client on a machine cut off
 # from the network) must not hold its locks until TCP notices: the server ends
 # it after this many seconds idle in a transaction (a write transaction: after
@@ -216,17 +217,25 @@ STATEMENT_TIMEOUT = (
     "it for this role, e.g. ALTER ROLE name SET statement_timeout = '5min'"
 )
 
+ROLE_DENIED = (
+    "alloc-ledger's commands need a role that may use the ledger's own tables, such as their "
+    "owner; a role from grant-reporting reads the projection tables with SQL only"
+)
 
-def describe(error: BaseException) -> str:
-    """One line for a database error: the server's message, without libpq's hints."""
+
+def describe(error: BaseException, hint: bool = True) -> str:
+    """One line for a database error: the server's message, without libpq's
+    hints, with ours for a statement timeout or a privilege refused."""
     cause = error.__cause__ if isinstance(error, PersistenceError) and error.__cause__ else error
     diag = getattr(cause, "diag", None)
     primary = getattr(diag, "message_primary", None)
     text = primary or str(cause) or type(cause).__name__
     lines = [line.strip() for line in text.splitlines() if line.strip()]
     line = lines[0] if lines else type(cause).__name__
-    if isinstance(cause, psycopg.errors.QueryCanceled) and "statement timeout" in line:
+    if hint and isinstance(cause, psycopg.errors.QueryCanceled) and "statement timeout" in line:
         return f"{line} ({STATEMENT_TIMEOUT})"
+    if hint and isinstance(cause, psycopg.errors.InsufficientPrivilege):
+        return f"{line} ({ROLE_DENIED})"
     return line
 
 
@@ -277,6 +286,10 @@ class PostgresStore:
             "user": unquote(parts.username or ""),
             "password": unquote(parts.password or ""),
         }
+        if "password" in options:  # as libpq reads it: for one that is awkward to escape
+            if parts.password is not None:
+                self._fail("the password is given twice: in the user part and as ?password=")
+            self.connect_args["password"] = options["password"]
         timeout = self.connect_timeout = self._seconds(options, "connect_timeout", 5)
         self.handoff = Handoff(self, self._seconds(options, "timeout", 30))
         # Sessions are named in pg_stat_activity (the URL's name, if it gives one).
@@ -385,7 +398,7 @@ class PostgresStore:
                     self._fail(
                         f"it was made by an earlier alloc-ledger (schema version {version}): "
                         "open it once as a role that may change its tables (their owner) to "
-                        f"upgrade it ({describe(error)})"
+                        f"upgrade it ({describe(error, hint=False)})"
                     )
                 self._fail(describe(error))
 

@@ -87,15 +87,44 @@ def sqlite_missing() -> str | None:
     return None
 
 
-def _holds_ledger(uri: str) -> bool:
+def _holds_ledger(uri: str) -> bool | list[str]:
     """Whether a file is a ledger (its schema version set), read through a
-    read-only URI of it; a file SQLite cannot read counts as one, so that
-    opening it reports why."""
+    read-only URI of it, or else the tables it holds, if any (another
+    application's database); a file SQLite cannot read counts as a ledger,
+    so that opening it reports why."""
     try:
         with closing(sqlite3.connect(uri, uri=True)) as probe:
-            return bool(probe.execute("PRAGMA user_version").fetchone()[0])
+            if probe.execute("PRAGMA user_version").fetchone()[0]:
+                return True
+            return _other_tables(probe.cursor()) or False
     except sqlite3.Error:
         return True
+
+
+def _other_tables(cursor: sqlite3.Cursor) -> list[str]:
+    """The tables and views of a file that is not a ledger yet, but for the
+    recorder's with an empty log (a ledger whose creation was cut short, or
+    is under way in another process); a log that holds events is another
+    application's."""
+    cursor.execute(
+        "SELECT name FROM sqlite_master WHERE type IN ('table', 'view') "
+        "AND name NOT LIKE 'sqlite\\_%' ESCAPE '\\' ORDER BY name"
+    )
+    names = [row[0] for row in cursor.fetchall()]
+    others = [name for name in names if name not in ("stored_events", "tracking")]
+    if "stored_events" in names:
+        cursor.execute("SELECT 1 FROM stored_events LIMIT 1")
+        if cursor.fetchone() is not None:
+            others.insert(0, "stored_events (with events)")
+    return others
+
+
+def something_else(url: str, path: str, others: list[str], advice: str) -> StoreUnavailable:
+    shown = ", ".join(others[:3]) + (", …" if len(others) > 3 else "")
+    return StoreUnavailable(
+        f"cannot open store {url}: {path} is a database of something else "
+        f"(tables {shown}), not a ledger; {advice}"
+    )
 
 
 FS_IOC_GETFLAGS, FS_IMMUTABLE_FL = 0x80086601, 0x10  # linux/fs.h
@@ -160,7 +189,10 @@ class SQLiteStore:
         # read-only (what a reading command probes, what a reader opens): made once,
         # as it may look at the file system
         reading = self._reading_uri() if exists and (self.read_only or not create) else path
-        if not create and not (exists and _holds_ledger(reading)):
+        holds = exists and _holds_ledger(reading)
+        if not create and isinstance(holds, list):
+            raise something_else(url, path, holds, "check --store")
+        if not create and not holds:
             raise StoreUnavailable(
                 f"cannot open store {url}: there is no ledger at {path} (nothing has been "
                 "submitted to it; check --store)"
@@ -285,26 +317,9 @@ class SQLiteStore:
 
     def _check_no_other_tables(self, cursor: sqlite3.Cursor) -> None:
         """A new ledger goes into a file of its own: one that holds other
-        tables (a mistyped path to another database) is left as it is. The
-        recorder's tables alone, the log empty, are a ledger whose creation
-        was cut short, or is under way in another process; a log that holds
-        events is another application's."""
-        cursor.execute(
-            "SELECT name FROM sqlite_master WHERE type IN ('table', 'view') "
-            "AND name NOT LIKE 'sqlite\\_%' ESCAPE '\\' ORDER BY name"
-        )
-        names = [row[0] for row in cursor.fetchall()]
-        others = [name for name in names if name not in ("stored_events", "tracking")]
-        if "stored_events" in names:
-            cursor.execute("SELECT 1 FROM stored_events LIMIT 1")
-            if cursor.fetchone() is not None:
-                others.insert(0, "stored_events (with events)")
-        if others:
-            shown = ", ".join(others[:3]) + (", …" if len(others) > 3 else "")
-            raise StoreUnavailable(
-                f"cannot open store {self.url}: {self.path} is a database of something else "
-                f"(tables {shown}), not a ledger; name a new file for the ledger"
-            )
+        tables (a mistyped path to another database) is left as it is."""
+        if others := _other_tables(cursor):
+            raise something_else(self.url, self.path, others, "name a new file for the ledger")
 
     def decide(self, batch: list[dict[str, Any]], decider: Decider) -> list[Any]:
         """One writer at a time decides in its own transaction (``BEGIN IMMEDIATE``)."""

@@ -579,6 +579,17 @@ def test_a_store_url_ending_in_a_slash_exits_3_and_creates_nothing(tmp_path, nam
     assert list((tmp_path / "folder").iterdir()) == []
 
 
+READING = [
+    ["query", "nodes"],
+    ["query", "nodes", "--format", "json"],
+    ["query", "history", "n1"],
+    ["verify"],
+    ["digest"],
+    ["replay"],
+    ["audit"],
+]
+
+
 @pytest.mark.parametrize(("script", "tables"), [
     ("CREATE TABLE invoices (x); CREATE VIEW totals AS SELECT 1", "invoices, totals"),
     (("CREATE TABLE stored_events (originator_id TEXT, originator_version INTEGER, topic TEXT, "
@@ -586,15 +597,19 @@ def test_a_store_url_ending_in_a_slash_exits_3_and_creates_nothing(tmp_path, nam
       "INSERT INTO stored_events VALUES ('x', 1, 'app:Created', x'7b7d')"),  # another application's
      "stored_events (with events)"),
 ], ids=["other tables", "an event store with events"])
-def test_a_database_of_something_else_is_left_as_it_is(tmp_path, script, tables):
+@pytest.mark.parametrize(("args", "advice"), [
+    (["submit", "node-registered", "--node", "n1"], "name a new file for the ledger"),
+    *[(args, "check --store") for args in READING],  # not "nothing has been submitted to it"
+], ids=lambda value: " ".join(value) if isinstance(value, list) else None)
+def test_a_database_of_something_else_is_left_as_it_is(tmp_path, script, tables, args, advice):
     with closing(sqlite3.connect(tmp_path / "other.db")) as other, other:
         other.executescript(script)
         before = other.execute("SELECT * FROM sqlite_master ORDER BY name").fetchall()
     url = f"sqlite:///{tmp_path}/other.db"
-    result = invoke(store(url, "submit", "node-registered", "--node", "n1"), code=3)
+    result = invoke(store(url, *args), code=3)
     one_line_store_error(
         result, f"cannot open store {url}: {tmp_path}/other.db is a database of something "
-        f"else (tables {tables}), not a ledger; name a new file for the ledger"
+        f"else (tables {tables}), not a ledger; {advice}"
     )
     with closing(sqlite3.connect(tmp_path / "other.db")) as other:
         after = other.execute("SELECT * FROM sqlite_master ORDER BY name").fetchall()
@@ -704,15 +719,6 @@ def test_an_unknown_kind_of_store_exits_3():
     )
 
 
-READING = [
-    ["query", "nodes"],
-    ["query", "nodes", "--format", "json"],
-    ["query", "history", "n1"],
-    ["verify"],
-    ["digest"],
-    ["replay"],
-    ["audit"],
-]
 
 
 @pytest.mark.parametrize("there", ["missing", "an empty file"])

@@ -343,6 +343,7 @@ class RefusingServer:
     def __init__(self) -> None:
         self.listener = socket.create_server(("127.0.0.1", 0))
         self.port = self.listener.getsockname()[1]
+        self.passwords: list[str] = []  # as the clients sent them
         self.thread = threading.Thread(target=self._serve, daemon=True)
         self.thread.start()
 
@@ -374,7 +375,7 @@ class RefusingServer:
             user = startup[startup.index(b"user") + 1].decode()
             connection.sendall(b"R" + struct.pack("!ii", 8, 3))  # cleartext password, please
             _, length = struct.unpack("!ci", self._read(connection, 5))
-            self._read(connection, length - 4)
+            self.passwords.append(self._read(connection, length - 4).rstrip(b"\0").decode())
             fields = [b"SFATAL", b"VFATAL", b"C28P01",
                       f'Mpassword authentication failed for user "{user}"'.encode()]
             body = b"".join(f + b"\0" for f in fields) + b"\0"
@@ -384,15 +385,30 @@ class RefusingServer:
         self.listener.close()
 
 
-def test_a_refused_password_is_exit_3_in_one_line_without_showing_it(fails_to_open):
+@pytest.mark.parametrize(("given", "password"), [
+    ("ops:wrong-one@{host}/ledger", "wrong-one"),
+    ("ops:p%40ss%3Aw%2Frd@{host}/ledger", "p@ss:w/rd"),
+    ("ops@{host}/ledger?password=wrong-one", "wrong-one"),  # as libpq reads it too
+    ("ops@{host}/ledger?password=p%40ss%3Aw%2Frd%26x", "p@ss:w/rd&x"),
+], ids=["in the user part", "escaped in the user part", "as a parameter", "escaped as a parameter"])
+def test_a_refused_password_is_exit_3_in_one_line_without_showing_it(
+    fails_to_open, given, password
+):
     server = RefusingServer()
     try:
-        line = fails_to_open(f"postgresql://ops:wrong-one@127.0.0.1:{server.port}/ledger",
+        line = fails_to_open(f"postgresql://{given.format(host=f'127.0.0.1:{server.port}')}",
                              'password authentication failed for user "ops"')
     finally:
         server.close()
 
-    assert "wrong-one" not in line
+    assert server.passwords and set(server.passwords) == {password}  # sent as given
+    assert password not in line and "wrong-one" not in line
+
+
+def test_a_password_given_twice_is_refused(fails_to_open):
+    line = fails_to_open("postgresql://ops:s3cret-1@127.0.0.1:1/ledger?password=s3cret-2",
+                         "the password is given twice: in the user part and as ?password=")
+    assert "s3cret" not in line  # refused before connecting: port 1 is never asked
 
 
 @pytest.mark.parametrize("extra, reason", [

@@ -129,6 +129,29 @@ def test_the_reporting_role_cannot_write_anywhere(granted, as_role, statement):
         as_role(statement)
 
 
+@pytest.mark.parametrize(("args", "table"), [
+    (["query", "nodes"], "stored_events"),
+    (["verify"], "stored_events"),
+    (["submit", "heartbeat", "--node", "n1"], "handoff"),
+    (["project"], "tracking"),
+])
+def test_the_commands_tell_a_reporting_role_what_it_is_for(
+    granted, alloc_ledger, ledger_url, args, table
+):
+    """A reporting role reads with SQL: a command run as it says so in one
+    line, not only that a table it never heard of is denied."""
+    parts = urlsplit(ledger_url)
+    url = parts._replace(netloc=f"{granted}@{parts.hostname}:{parts.port or 5432}").geturl()
+
+    result = alloc_ledger(*args, url=url)
+
+    assert result.returncode == 3 and result.stdout == ""
+    assert result.stderr == (
+        f"Error: store {url}: permission denied for table {table} (alloc-ledger's commands "
+        "need a role that may use the ledger's own tables, such as their owner; a role from "
+        "grant-reporting reads the projection tables with SQL only)\n")
+
+
 def test_before_the_grant_the_role_reads_nothing(ledger_url, role, as_role, pg_schema):
     with pytest.raises(psycopg.errors.InsufficientPrivilege):
         as_role(f"SELECT * FROM {pg_schema}.nodes")
