@@ -301,6 +301,8 @@ def _json_problem(text: str | bytes) -> str:
             text.decode()
         except UnicodeDecodeError as error:
             return _not_utf8(text, error)
+        if text.count(b"\x00") * 3 >= len(text):  # a later line of UTF-16 text: still ASCII
+            return LOOKS_UTF16
     # without its trailing JSON whitespace only: JSON allows no other
     line = text.rstrip(b" \t\r\n") if isinstance(text, bytes) else text.rstrip(" \t\r\n")
     try:
@@ -311,10 +313,13 @@ def _json_problem(text: str | bytes) -> str:
     return "not an event"  # pragma: no cover - JSON allows that whitespace anywhere
 
 
+LOOKS_UTF16 = "the line is not UTF-8 (it looks like UTF-16); write events as UTF-8"
+
+
 def _not_utf8(line: bytes, error: UnicodeDecodeError) -> str:
     """A line in another encoding: which one it looks like, where it fails."""
     if line.startswith((b"\xff\xfe", b"\xfe\xff")) or b"\x00" in line:
-        return "the line is not UTF-8 (it looks like UTF-16); write events as UTF-8"
+        return LOOKS_UTF16
     return (
         f"the line is not UTF-8 (byte 0x{line[error.start]:02x} at column {error.start + 1}, "
         "Latin-1 or another encoding?); write events as UTF-8"

@@ -144,6 +144,11 @@ def test_whitespace_json_does_not_allow_is_placed_by_column(line: str | bytes, e
       "write events as UTF-8")),
     ('{"type": "heartbeat", "node": "n1"}\n'.encode("utf-16"),
      "the line is not UTF-8 (it looks like UTF-16); write events as UTF-8"),
+    # a UTF-16 file's second line, split at the newline's byte: it decodes as UTF-8
+    (b"\x00" + '{"type": "heartbeat", "node": "n1"}'.encode("utf-16-le") + b"\n",
+     "the line is not UTF-8 (it looks like UTF-16); write events as UTF-8"),
+    ('{"type": "heartbeat", "node": "n1"}\n'.encode("utf-16-be"),
+     "the line is not UTF-8 (it looks like UTF-16); write events as UTF-8"),
 ])
 def test_a_line_in_another_encoding_is_named_as_not_utf8(line: bytes, error: str) -> None:
     assert outcome(line) == ("invalid", f"not valid JSON: {error}")
