@@ -233,7 +233,7 @@ class Cluster:
             if entry["slot"] >= node.slots:
                 raise errors.SlotReportInvalid(
                     f"slot report names slot {node.node}#{entry['slot']}, "
-                    f"but node {node.node} has {node.slots} slots"
+                    f"but node {node.node} has {errors.counted(node.slots, 'slot')}"
                 )
             if entry["slot"] in seen:
                 raise errors.SlotReportInvalid(

@@ -83,7 +83,7 @@ class NodeSuspect(RuleViolation):
 
 class SlotOutOfRange(RuleViolation):
     def __init__(self, node: str, slot: int, slots: int) -> None:
-        super().__init__(f"slot {node}#{slot} is out of range (node {node} has {slots} slots)")
+        super().__init__(f"slot {node}#{slot} is out of range (node {node} has {counted(slots, 'slot')})")
 
 
 class SlotHeld(RuleViolation):
@@ -97,6 +97,11 @@ class SlotReportInvalid(RuleViolation):
 
 # Fields named in the plural: "its addresses differ", as "its slot and job differ".
 PLURAL_FIELDS = ("addresses", "slots")
+
+
+def counted(count: int, noun: str) -> str:
+    """``1 slot``, ``2 slots``."""
+    return f"{count} {noun}{'' if count == 1 else 's'}"
 
 
 def differ(fields: list[str]) -> str:

@@ -97,12 +97,13 @@ def test_a_suspect_node_takes_no_placements(cluster):
     assert cluster.rows("SELECT * FROM allocations") == []
 
 
-def test_a_slot_index_out_of_range_is_rejected(cluster):
-    cluster.ready_node("n1", slots=2)
+@pytest.mark.parametrize(("slots", "has"), [(2, "2 slots"), (1, "1 slot"), (0, "0 slots")])
+def test_a_slot_index_out_of_range_is_rejected(cluster, slots, has):
+    cluster.ready_node("n1", slots=slots)
 
     reason = cluster.refused("alloc-placed", alloc="a1", node="n1", slot=2)
 
-    assert reason == "slot n1#2 is out of range (node n1 has 2 slots)"
+    assert reason == f"slot n1#2 is out of range (node n1 has {has})"
     assert cluster.rows("SELECT * FROM allocations") == []
 
 

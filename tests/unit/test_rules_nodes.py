@@ -291,13 +291,14 @@ def test_a_heartbeat_without_a_slot_report_keeps_the_last_one(cluster):
     assert reported(cluster, "n1") == [(0, "a1", position)]
 
 
-def test_a_slot_report_naming_a_slot_out_of_range_is_rejected(cluster):
-    cluster.ready_node("n1", slots=2)
+@pytest.mark.parametrize(("slots", "has"), [(2, "2 slots"), (1, "1 slot")])
+def test_a_slot_report_naming_a_slot_out_of_range_is_rejected(cluster, slots, has):
+    cluster.ready_node("n1", slots=slots)
     before = cluster.snapshot()
 
     reason = cluster.refused("heartbeat", node="n1", slots=[{"slot": 2, "alloc": "a1"}])
 
-    assert reason == "slot report names slot n1#2, but node n1 has 2 slots"
+    assert reason == f"slot report names slot n1#2, but node n1 has {has}"
     assert cluster.snapshot() == before
 
 
