@@ -278,7 +278,7 @@ def describe(error: ValidationError, tagged: bool = True) -> str:
         elif kind == "string_pattern_mismatch" and (
             "#" not in str(item.get("input")) or field not in ("node", "parent")
         ):  # a node's name may hold neither; '#' is named first
-            parts.append(f"field '{field}': must not start or end with white space")
+            parts.append(f"field '{field}': must not start or end with white space or an invisible character")
         elif kind == "string_pattern_mismatch":
             parts.append(f"field '{field}': must not contain '#' (it separates node and slot)")
         elif kind in ("model_type", "dict_type", "model_attributes_type") and not field:

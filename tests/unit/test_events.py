@@ -173,7 +173,7 @@ def test_a_new_name_that_starts_or_ends_with_white_space_is_invalid(
     """"n1 " would be another node than "n1", and no message could show it;
     the JSON Schema says the same, whatever a validator takes for white space."""
     assert outcome(event) == (
-        "invalid", f"field '{field}': must not start or end with white space")
+        "invalid", f"field '{field}': must not start or end with white space or an invisible character")
     assert not schema_validator().is_valid(event)
 
 
