@@ -5,6 +5,7 @@ stdout closed from the start (``>&-``) does (``require_stdout``)."""
 
 from __future__ import annotations
 
+import codecs
 import csv
 import errno
 import io
@@ -49,10 +50,26 @@ def write(text: str, lost: Callable[[str], click.ClickException] = cannot_print)
             stream.write(text)
             stream.flush()
         elif text:  # (an empty write reaches a full device, an empty flush does not)
-            _write_all(buffer, text.encode(stream.encoding, stream.errors or "strict"))
+            errors = stream.errors or "strict"
+            _write_all(buffer, text.encode(stream.encoding, ESCAPED if errors == "strict" else errors))
             buffer.flush()
     except OSError as error:
         raise output_lost(error, lost) from None
+
+
+def _as_json_escapes(error: UnicodeError) -> tuple[str, int]:
+    """Characters stdout's encoding lacks (``PYTHONIOENCODING=ascii``) as JSON
+    escapes them (``\\u00e9``, a pair past U+FFFF): the same value for a JSON
+    reader, as they only ever stand inside JSON strings, and readable in a
+    table or CSV, as ``printable`` escapes control characters."""
+    if not isinstance(error, UnicodeEncodeError):
+        raise error
+    escaped = json.dumps(error.object[error.start:error.end])[1:-1]  # ensure_ascii
+    return escaped, error.end
+
+
+ESCAPED = "alloc-ledger-json-escapes"
+codecs.register_error(ESCAPED, _as_json_escapes)
 
 
 def output_lost(

@@ -11,6 +11,7 @@ newlines, tabs and other control characters.
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -187,3 +188,37 @@ def test_csv_keeps_values_as_they_are(url):
 def test_an_error_naming_a_value_is_one_line(small):
     result = invoke(["--store", small, "query", "history", "n\nx\u2028y"], code=1)
     assert result.stderr == "Error: no event or rejection names n\\nx\\u2028y\n"
+
+
+# -- a stdout whose encoding lacks a character (PYTHONIOENCODING=ascii) ---------------
+
+NON_ASCII = "caf\u00e9\U0001f600"
+
+
+@pytest.mark.parametrize("fmt", ["json", "jsonl", "csv", "table"])
+def test_characters_stdout_cannot_encode_are_printed_as_json_escapes(url, fmt):
+    """Not an internal error: the same value for a JSON reader, and a
+    readable escape in a table or CSV."""
+    submitted(url, {"type": "node-registered", "node": NON_ASCII})
+    result = subprocess.run(
+        [*CLI, "--store", url, "query", "nodes", "--format", fmt], capture_output=True,
+        env={**os.environ, "PYTHONIOENCODING": "ascii"}, check=False,
+    )
+
+    assert (result.returncode, result.stderr) == (0, b"")
+    printed = result.stdout.decode("ascii")
+    assert "caf\\u00e9\\ud83d\\ude00" in printed
+    if fmt == "json":
+        assert [row["node"] for row in json.loads(printed)] == [NON_ASCII]
+    if fmt == "jsonl":
+        assert [json.loads(line)["node"] for line in printed.splitlines()] == [NON_ASCII]
+
+
+def test_a_result_line_naming_what_stdout_cannot_encode_keeps_its_value(url):
+    result = subprocess.run(
+        [*CLI, "--store", url, "submit", "heartbeat", "--node", NON_ASCII], capture_output=True,
+        env={**os.environ, "PYTHONIOENCODING": "ascii"}, check=False,
+    )
+
+    assert result.returncode == 1, result.stderr
+    assert json.loads(result.stdout)["error"] == f"node {NON_ASCII} is not registered"
