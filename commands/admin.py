@@ -76,7 +76,10 @@ def grant_reporting(ctx: click.Context, role: str) -> None:
     (nodes, slots, allocations, alloc_states, addresses, rejections) and views
     (needs_reconnect, zombie_slots, projection_status); never the event log
     (stored_events, event_ids, event_hashes), tracking or the writers'
-    state_* tables. The role must exist (CREATE ROLE grafana LOGIN PASSWORD '…'). PostgreSQL only.
+    state_* tables. Whatever else the role was granted on the ledger's tables
+    is revoked; a superuser, or a role that would still write them through
+    another role, is refused. The role must exist (CREATE ROLE grafana LOGIN
+    PASSWORD '…'). PostgreSQL only.
     Prints the schema: the role names the tables in it (ledger.nodes), or has
     it on its path (ALTER ROLE grafana SET search_path = ledger, public).
 

@@ -239,6 +239,15 @@ def describe(error: BaseException, hint: bool = True) -> str:
     return line
 
 
+def ledger_tables() -> list[str]:
+    """The ledger's tables and views but the projections a reporting role
+    reads: the log and its indexes, tracking, the writers' own."""
+    return [
+        "stored_events", "event_ids", "event_hashes", TRACKING, "checkpoints",
+        "handoff", "outcomes", *(STATE_PREFIX + t for t in (*tables.TABLES, *tables.VIEWS)),
+    ]
+
+
 def _denied(error: BaseException) -> bool:
     """Whether the server refused a privilege (the event recorder wraps its errors)."""
     cause = error.__cause__ if isinstance(error, PersistenceError) else error
@@ -743,28 +752,66 @@ class PostgresStore:
             cursor.execute(sql.SQL("GRANT SELECT ON {} TO {}").format(sql.Identifier(new), role))
 
     def grant_reporting(self, role: str) -> list[str]:
-        """Let a role read the projection tables and views, and nothing else."""
+        """Let a role read the projection tables and views, and nothing else:
+        whatever it was granted on the ledger's other tables, or beyond SELECT
+        on these, is revoked; a role that would still have more (a superuser,
+        an owner, a member of a role that may write) is refused, nothing
+        changed."""
         names = [*tables.TABLES, *tables.VIEWS, tables.STATUS_VIEW]
-        statements = [
-            sql.SQL("GRANT USAGE ON SCHEMA {} TO {}").format(
-                sql.Identifier(self.schema), sql.Identifier(role)),
-            sql.SQL("GRANT SELECT ON {} TO {}").format(
-                sql.SQL(", ").join(sql.Identifier(self.schema, n) for n in names),
-                sql.Identifier(role)),
-        ]
+        schema, grantee = sql.Identifier(self.schema), sql.Identifier(role)
         try:
             with self.datastore.get_connection() as connection, connection.transaction():
-                for statement in statements:
+                connection.execute(f"SET LOCAL search_path = {self.schema}")
+                superuser = connection.execute(
+                    "SELECT rolsuper FROM pg_roles WHERE rolname = %s", (role,)).fetchone()
+                if superuser and superuser["rolsuper"]:
+                    raise LedgerError(
+                        f"cannot make {role} a reporting role: it is a superuser, which reads "
+                        "and writes everything whatever it is granted; nothing was changed: "
+                        "grant to a role of its own"
+                    )
+                ledger = [row["n"] for row in connection.execute(  # as far as they exist
+                    "SELECT n FROM unnest(%s::text[]) n WHERE to_regclass(n) IS NOT NULL",
+                    ([*names, *ledger_tables()],)).fetchall()]
+                for statement in (
+                    sql.SQL("REVOKE ALL ON {} FROM {}").format(
+                        sql.SQL(", ").join(sql.Identifier(self.schema, n) for n in ledger),
+                        grantee),
+                    sql.SQL("REVOKE CREATE ON SCHEMA {} FROM {}").format(schema, grantee),
+                    sql.SQL("GRANT USAGE ON SCHEMA {} TO {}").format(schema, grantee),
+                    sql.SQL("GRANT SELECT ON {} TO {}").format(
+                        sql.SQL(", ").join(sql.Identifier(self.schema, n) for n in names),
+                        grantee),
+                ):
                     connection.execute(statement)
                 # A GRANT by a role that may not grant only warns: check what took.
                 missing = connection.execute(
                     "SELECT n FROM unnest(%s::text[]) n "
-                    "WHERE NOT has_table_privilege(%s::text, format('%%I.%%I', %s::text, n), "
-                    "'SELECT') OR NOT has_schema_privilege(%s::text, %s::text, 'USAGE')",
-                    (names, role, self.schema, role, self.schema),
+                    "WHERE NOT has_table_privilege(%s::text, n, 'SELECT') "
+                    "OR NOT has_schema_privilege(%s::text, %s::text, 'USAGE')",
+                    (names, role, role, self.schema),
                 ).fetchall()
+                beyond = connection.execute(
+                    "SELECT format('%%s on %%s', p, n) AS what FROM unnest(%s::text[]) n, "
+                    "unnest(array['SELECT', 'INSERT', 'UPDATE', 'DELETE', 'TRUNCATE']) p "
+                    "WHERE (p <> 'SELECT' OR n <> ALL(%s::text[])) "
+                    "AND has_table_privilege(%s::text, n, p) ORDER BY n, p",
+                    (ledger, names, role),
+                ).fetchall()
+                if beyond and not missing:
+                    shown = ", ".join(row["what"] for row in beyond[:3])
+                    raise LedgerError(
+                        f"cannot make {role} a reporting role: it may still {shown}"
+                        f"{', …' if len(beyond) > 3 else ''} (as an owner of the ledger's "
+                        "tables, or a member of a role that may, or through PUBLIC); nothing "
+                        "was changed: grant to a role of its own"
+                    )
         except (psycopg.Error, PersistenceError) as error:
-            raise LedgerError(f"cannot grant reporting to {role}: {describe(error)}") from None
+            if _denied(error):  # a REVOKE on what it has no privilege on at all
+                missing = [{"n": n} for n in names]
+            else:
+                raise LedgerError(
+                    f"cannot grant reporting to {role}: {describe(error)}") from None
         if missing:
             raise LedgerError(
                 f"cannot grant reporting to {role}: this connection's role may not grant "

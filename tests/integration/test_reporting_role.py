@@ -273,3 +273,56 @@ def test_a_role_that_may_not_upgrade_a_store_of_the_last_version_is_told_who_may
 
     assert alloc_ledger("query", "nodes", url=ledger_url).returncode == 0  # the owner upgrades it
     assert as_role("SELECT node, health_reason FROM nodes") == [("n1", None)]
+
+
+def test_what_the_role_had_beyond_reading_the_projections_is_revoked(
+    ledger_url, role, as_role, alloc_ledger, pg_schema, pg_admin
+):
+    """"Nothing else" holds for a role that had more: SELECT on the log,
+    writing a projection table, creating in the schema."""
+    pg_admin(f"GRANT USAGE, CREATE ON SCHEMA {pg_schema} TO {role}")
+    pg_admin(f"GRANT SELECT ON {pg_schema}.stored_events, {pg_schema}.tracking TO {role}")
+    pg_admin(f"GRANT INSERT, UPDATE, DELETE ON {pg_schema}.nodes TO {role}")
+
+    result = alloc_ledger("grant-reporting", role, url=ledger_url)
+
+    assert result.returncode == 0, result.stderr
+    assert as_role("SELECT node FROM nodes") == [("n1",)]
+    for statement in ("SELECT * FROM stored_events", "SELECT * FROM tracking",
+                      "DELETE FROM nodes", "CREATE TABLE sneaky (x int)"):
+        with pytest.raises(psycopg.errors.InsufficientPrivilege):
+            as_role(statement)
+
+
+@pytest.mark.parametrize("how", ["superuser", "member of a writer"])
+def test_a_role_that_would_still_have_more_is_refused_and_nothing_changes(
+    ledger_url, role, alloc_ledger, pg_schema, pg_admin, how
+):
+    writer = f"{role}_w"
+    if how == "superuser":
+        pg_admin(f"ALTER ROLE {role} SUPERUSER")
+    else:
+        pg_admin(f"CREATE ROLE {writer}")
+        pg_admin(f"GRANT USAGE ON SCHEMA {pg_schema} TO {writer}")
+        pg_admin(f"GRANT INSERT ON {pg_schema}.nodes TO {writer}")
+        pg_admin(f"GRANT {writer} TO {role}")
+    try:
+        result = alloc_ledger("grant-reporting", role, url=ledger_url)
+        granted = pg_admin(
+            "SELECT count(*) FROM information_schema.role_table_grants "
+            f"WHERE grantee = '{role}' AND table_schema = '{pg_schema}'")
+    finally:
+        if how == "superuser":
+            pg_admin(f"ALTER ROLE {role} NOSUPERUSER")
+        else:
+            pg_admin(f"REVOKE {writer} FROM {role}")
+            pg_admin(f"DROP OWNED BY {writer}")
+            pg_admin(f"DROP ROLE {writer}")
+
+    assert result.returncode == 1 and result.stdout == ""
+    assert result.stderr.startswith(f"Error: cannot make {role} a reporting role: it ")
+    assert result.stderr.count("\n") == 1
+    assert ("it is a superuser" if how == "superuser" else "it may still INSERT on nodes (") in (
+        result.stderr)
+    assert result.stderr.endswith("nothing was changed: grant to a role of its own\n")
+    assert granted == [(0,)]
