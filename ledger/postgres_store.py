@@ -706,7 +706,8 @@ class PostgresStore:
     def search_log(self, cursor: Any, needle: str) -> list[tuple[int, str, bytes]]:
         cursor.execute(
             "SELECT originator_version, topic, COALESCE(state, ''::bytea) FROM stored_events "
-            "WHERE originator_id = %s AND position(%s::bytea IN state) > 0 "
+            "WHERE originator_id = %s AND originator_version >= 1 "  # a row inserted before 1: not the log's
+            "AND position(%s::bytea IN state) > 0 "
             "ORDER BY originator_version",
             (self.stream, needle.encode()),
         )

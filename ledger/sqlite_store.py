@@ -449,7 +449,8 @@ class SQLiteStore:
     def search_log(self, cursor: Any, needle: str) -> list[tuple[int, str, bytes]]:
         cursor.execute(
             "SELECT originator_version, topic, COALESCE(CAST(state AS BLOB), x'') FROM stored_events "
-            "WHERE originator_id = ? AND instr(CAST(state AS BLOB), ?) > 0 "
+            "WHERE originator_id = ? AND originator_version >= 1 "  # a row inserted before 1: not the log's
+            "AND instr(CAST(state AS BLOB), ?) > 0 "
             "ORDER BY originator_version",
             (self.stream, needle.encode()),
         )

@@ -428,6 +428,29 @@ def test_verify_names_ids_in_the_index_that_no_kept_event_has(attack: Attack) ->
         "Error: verify failed: event_ids holds 1 id(s) that no kept event has")
 
 
+@pytest.mark.parametrize("position", [0, -1])
+def test_verify_names_rows_inserted_before_position_1_and_history_leaves_them_out(
+    attack: Attack, position: int
+) -> None:
+    """An INSERT is not refused: a forged rejection of a1 at position 0
+    passed verify and showed in a1's history."""
+    table, head = attack.attacker.events, attack.attacker.head()
+    node = json.loads(attack.attacker.event(1)[1])["event"]["node"]
+    attack.attacker.sql(
+        f"INSERT INTO {table} (originator_id, originator_version, topic, state) "
+        f"SELECT originator_id, {position}, topic, state FROM {table} WHERE originator_version = 1")
+
+    checked = run("verify", url=attack.target.url)
+
+    assert checked.returncode == 1
+    assert one_line_error(checked.stderr) == (
+        "Error: verify failed: stored_events holds 1 row(s) besides the log's positions 1 to "
+        f"{head} (the lowest at position {position}): inserted by hand")
+    shown = run("query", "history", node, "--format", "json", url=attack.target.url)
+    assert shown.returncode == 0, shown.stderr
+    assert position not in [row["position"] for row in json.loads(shown.stdout)]
+
+
 def test_a_digest_for_another_history_does_not_verify(
     ledger_log: tuple[StoreUnderTest, Store],
 ) -> None:
