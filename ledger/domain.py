@@ -230,7 +230,7 @@ class Cluster:
         """Raise for the first entry of an invalid report that names a slot out of range or again."""
         seen: set[int] = set()
         for entry in report:
-            if entry["slot"] >= node.slots:
+            if not 0 <= entry["slot"] < node.slots:  # below 0: only in an edited log
                 raise errors.SlotReportInvalid(
                     f"slot report names slot {node.node}#{entry['slot']}, "
                     f"but node {node.node} has {errors.counted(node.slots, 'slot')}"
@@ -252,7 +252,7 @@ class Cluster:
             raise errors.NodeSuspect(node.node)
         index: int | None = event.get("slot")
         if index is not None:
-            if index >= node.slots:
+            if not 0 <= index < node.slots:  # below 0: only in an edited log
                 raise errors.SlotOutOfRange(node.node, index, node.slots)
             holder = self.slot_table(node.node)[index].alloc
             if holder is not None:

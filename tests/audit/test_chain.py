@@ -523,6 +523,31 @@ def test_an_event_of_an_edited_type_is_named_by_every_replay_and_the_audit(
             "alloc-ledger verify checks whether the log was edited"), command
 
 
+def test_a_slot_edited_below_0_is_named_by_every_replay_and_the_audit(
+    sqlite_under_test: Any,
+) -> None:
+    """Not read as a slot counted from the end (Python's -3 of 4 is slot 1)."""
+    with Ledger.open(sqlite_under_test.url) as ledger:
+        list(ledger.submit_many(texts(history(300, nodes=4)), batch=20))
+    attacker = Attacker(sqlite_under_test)
+    attacker.drop_guards()
+    position, state = attacker.sql(
+        "SELECT originator_version, CAST(state AS TEXT) FROM stored_events WHERE topic = "
+        "'alloc-placed' AND CAST(state AS TEXT) LIKE '%\"slot\":%' ORDER BY originator_version LIMIT 1")[0]
+    event = json.loads(state)["event"]
+    attacker.sql("UPDATE stored_events SET state = CAST(replace(CAST(state AS TEXT), ?, ?) "
+                 "AS BLOB) WHERE originator_version = ?",
+                 (f'"slot":{event["slot"]}', '"slot":-3', position))
+
+    for command in (["replay"], ["query", "nodes", "--as-of", str(position)], ["audit"]):
+        replayed = run(*command, url=sqlite_under_test.url)
+        assert replayed.returncode == 1, (command, replayed.stderr)
+        line = one_line_error(replayed.stderr)
+        assert line.startswith(
+            f"Error: the kept event at position {position} was appended, but replaying the log "
+            f"refuses it (slot {event['node']}#-3 is out of range"), (command, line)
+
+
 @pytest.mark.parametrize("where", ["head", "before the head"])
 def test_digest_refuses_a_head_whose_kept_hash_does_not_follow(attack: Attack, where: str) -> None:
     """A digest saved elsewhere must be one the log can match: the last link is checked."""
