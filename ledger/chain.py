@@ -210,6 +210,9 @@ class ChainCheck:
                     f"the event at position {position} does not match its chain hash "
                     "(edited, inserted, moved, or its hash altered)",
                 )
+            found = self._against_digest(position, recomputed)
+            if found is not None:  # what is verified ends before it, as at any break
+                return found
             self.previous = recomputed
             self.checked = position
             if self.ids is not None:
@@ -217,9 +220,6 @@ class ChainCheck:
                 self.unchecked[position] = recomputed
                 if len(self.unchecked) > PAGE and (broken := self._check_ids()) is not None:
                     return broken
-            found = self._against_digest(position, recomputed)
-            if found is not None:
-                return found
             stored = next(kept, None)
         if stored is not None:
             return self._orphan_hash(stored[0])
