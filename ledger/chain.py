@@ -116,10 +116,7 @@ class IdsCheck:
         """Note the id of a kept event, to be checked by the next ``flush``."""
         if b'"id":' not in state:  # how the kept JSON writes the key, if the event has one
             return
-        try:
-            client = orjson.loads(state)["event"].get("id")
-        except (ValueError, LookupError, TypeError, AttributeError):
-            return  # its bytes are what the chain vouches for; replay names it unreadable
+        client = _client_id(state)
         if isinstance(client, str):
             self.pending.append((position, client))
 
@@ -145,7 +142,38 @@ class IdsCheck:
         self.cursor.execute("SELECT COUNT(*) FROM event_ids")
         extra = int(self.cursor.fetchone()[0]) - self.seen
         if extra > 0:
-            return Break(None, f"event_ids holds {extra} id(s) that no kept event has")
+            return Break(None, f"event_ids holds {extra} id(s) that no kept event has{self._one()}")
+        return None
+
+    def _one(self) -> str:
+        """The first of those ids, by position, to name (read only once the
+        index is known to hold some)."""
+        p = self.store.param
+        after: tuple[int, str] | None = None
+        while True:
+            where = f"WHERE (position, id) > ({p}, {p}) " if after else ""
+            self.cursor.execute(
+                f"SELECT position, id FROM event_ids {where}ORDER BY position, id LIMIT {PAGE}",
+                after or ())
+            page = [(int(row[0]), str(row[1])) for row in self.cursor.fetchall()]
+            kept = {
+                stored.originator_version: _client_id(stored.state)
+                for stored in self.store.kept_at(self.cursor, sorted({at for at, _ in page}))
+            }
+            for position, client in page:
+                if kept.get(position) != client:
+                    return f" ({client!r} for position {position}, first)"
+            if len(page) < PAGE:
+                return ""
+            after = page[-1]
+
+
+def _client_id(state: bytes) -> object:
+    """The ``id`` of a kept event; None if it has none or cannot be read (its
+    bytes are what the chain vouches for; replay names it unreadable)."""
+    try:
+        return orjson.loads(state)["event"].get("id")
+    except (ValueError, LookupError, TypeError, AttributeError):
         return None
 
 

@@ -427,7 +427,8 @@ def test_verify_names_ids_in_the_index_that_no_kept_event_has(attack: Attack) ->
 
     assert checked.returncode == 1
     assert one_line_error(checked.stderr) == (
-        "Error: verify failed: event_ids holds 1 id(s) that no kept event has")
+        "Error: verify failed: event_ids holds 1 id(s) that no kept event has ('forged' for "
+        "position 3, first)")
 
 
 @pytest.mark.parametrize("position", [0, -1])
@@ -451,6 +452,20 @@ def test_verify_names_rows_inserted_before_position_1_and_history_leaves_them_ou
     shown = run("query", "history", node, "--format", "json", url=attack.target.url)
     assert shown.returncode == 0, shown.stderr
     assert position not in [row["position"] for row in json.loads(shown.stdout)]
+
+
+def test_verify_names_the_first_id_no_kept_event_has_a_few_pages_on(
+    attack: Attack, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(chain, "PAGE", 50)
+    attack.attacker.sql("INSERT INTO event_ids (id, position) VALUES ('forged-2', 180)")
+    attack.attacker.sql("INSERT INTO event_ids (id, position) VALUES ('forged-1', 120)")
+
+    found = verify(attack.store)
+
+    assert found.position is None
+    assert found.problem == (
+        "event_ids holds 2 id(s) that no kept event has ('forged-1' for position 120, first)")
 
 
 def test_a_digest_for_another_history_does_not_verify(
