@@ -485,6 +485,15 @@ def test_a_malformed_digest_is_a_usage_error(text: str, sqlite_under_test: Any) 
     assert "is not a digest" in refused.stderr.decode()
 
 
+def simulated_and_unguarded(target: StoreUnderTest, events: int) -> Attacker:
+    """A simulated history of ``events`` on 4 nodes, its guards dropped."""
+    with Ledger.open(target.url) as ledger:
+        list(ledger.submit_many(texts(history(events, nodes=4)), batch=20))
+    attacker = Attacker(target)
+    attacker.drop_guards()
+    return attacker
+
+
 @pytest.mark.parametrize(("edit", "kind"), [
     # SQLite's replace() returns TEXT: the natural edit changes the column's type too
     ("replace(state, '\"at\"', '\"at\" ')", "text"),
@@ -494,10 +503,7 @@ def test_a_malformed_digest_is_a_usage_error(text: str, sqlite_under_test: Any) 
 def test_an_edited_state_is_named_by_position_not_an_internal_error(
     sqlite_under_test: Any, edit: str, kind: str
 ) -> None:
-    with Ledger.open(sqlite_under_test.url) as ledger:
-        list(ledger.submit_many(texts(history(60, nodes=4)), batch=20))
-    attacker = Attacker(sqlite_under_test)
-    attacker.drop_guards()
+    attacker = simulated_and_unguarded(sqlite_under_test, 60)
     attacker.sql(f"UPDATE stored_events SET state = {edit} WHERE originator_version = 14")
     assert attacker.sql("SELECT typeof(state) FROM stored_events WHERE originator_version = 14") == [
         (kind,)
@@ -523,10 +529,7 @@ def test_an_edited_state_is_named_by_position_not_an_internal_error(
 def test_an_event_of_an_edited_type_is_named_by_every_replay_and_the_audit(
     sqlite_under_test: Any,
 ) -> None:
-    with Ledger.open(sqlite_under_test.url) as ledger:
-        list(ledger.submit_many(texts(history(60, nodes=4)), batch=20))
-    attacker = Attacker(sqlite_under_test)
-    attacker.drop_guards()
+    attacker = simulated_and_unguarded(sqlite_under_test, 60)
     attacker.sql("UPDATE stored_events SET state = CAST(replace(CAST(state AS TEXT), "
                  "'\"type\":\"', '\"type\":\"bogus-') AS BLOB) WHERE originator_version = 14")
     kind = json.loads(attacker.event(14)[1])["event"]["type"]
@@ -544,10 +547,7 @@ def test_a_slot_edited_below_0_is_named_by_every_replay_and_the_audit(
     sqlite_under_test: Any,
 ) -> None:
     """Not read as a slot counted from the end (Python's -3 of 4 is slot 1)."""
-    with Ledger.open(sqlite_under_test.url) as ledger:
-        list(ledger.submit_many(texts(history(300, nodes=4)), batch=20))
-    attacker = Attacker(sqlite_under_test)
-    attacker.drop_guards()
+    attacker = simulated_and_unguarded(sqlite_under_test, 300)
     position, state = attacker.sql(
         "SELECT originator_version, CAST(state AS TEXT) FROM stored_events WHERE topic = "
         "'alloc-placed' AND CAST(state AS TEXT) LIKE '%\"slot\":%' ORDER BY originator_version LIMIT 1")[0]

@@ -294,30 +294,31 @@ def test_what_the_role_had_beyond_reading_the_projections_is_revoked(
             as_role(statement)
 
 
-@pytest.mark.parametrize("how", ["superuser", "member of a writer"])
+MORE_THAN_READING = {  # how a role may have more, and how that is undone
+    "superuser": (["ALTER ROLE {role} SUPERUSER"], ["ALTER ROLE {role} NOSUPERUSER"]),
+    "member of a writer": (
+        ["CREATE ROLE {role}_w", "GRANT USAGE ON SCHEMA {schema} TO {role}_w",
+         "GRANT INSERT ON {schema}.nodes TO {role}_w", "GRANT {role}_w TO {role}"],
+        ["REVOKE {role}_w FROM {role}", "DROP OWNED BY {role}_w", "DROP ROLE {role}_w"],
+    ),
+}
+
+
+@pytest.mark.parametrize("how", list(MORE_THAN_READING))
 def test_a_role_that_would_still_have_more_is_refused_and_nothing_changes(
     ledger_url, role, alloc_ledger, pg_schema, pg_admin, how
 ):
-    writer = f"{role}_w"
-    if how == "superuser":
-        pg_admin(f"ALTER ROLE {role} SUPERUSER")
-    else:
-        pg_admin(f"CREATE ROLE {writer}")
-        pg_admin(f"GRANT USAGE ON SCHEMA {pg_schema} TO {writer}")
-        pg_admin(f"GRANT INSERT ON {pg_schema}.nodes TO {writer}")
-        pg_admin(f"GRANT {writer} TO {role}")
+    given, undone = MORE_THAN_READING[how]
+    for statement in given:
+        pg_admin(statement.format(role=role, schema=pg_schema))
     try:
         result = alloc_ledger("grant-reporting", role, url=ledger_url)
         granted = pg_admin(
             "SELECT count(*) FROM information_schema.role_table_grants "
             f"WHERE grantee = '{role}' AND table_schema = '{pg_schema}'")
     finally:
-        if how == "superuser":
-            pg_admin(f"ALTER ROLE {role} NOSUPERUSER")
-        else:
-            pg_admin(f"REVOKE {writer} FROM {role}")
-            pg_admin(f"DROP OWNED BY {writer}")
-            pg_admin(f"DROP ROLE {writer}")
+        for statement in undone:
+            pg_admin(statement.format(role=role, schema=pg_schema))
 
     assert result.returncode == 1 and result.stdout == ""
     assert result.stderr.startswith(f"Error: cannot make {role} a reporting role: it ")
