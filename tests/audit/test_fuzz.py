@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 from audit_support import CLI, history, jsonl, no_traceback, results
 from click.testing import CliRunner
-from hypothesis import HealthCheck, given, settings
+from hypothesis import example, HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from commands.cli import cli
@@ -111,11 +111,15 @@ streams = st.lists(lines, min_size=1, max_size=12).map(
 
 
 def numbered(data: bytes) -> list[tuple[int, bytes]]:
-    """The input lines a result is owed for: (line number, content), blank ones skipped."""
+    """The input lines a result is owed for: (line number, content), blank ones
+    skipped (the first after the byte order mark it may start with)."""
     parts = data.split(b"\n")
     if data.endswith(b"\n"):
         parts.pop()
-    return [(n, part) for n, part in enumerate(parts, 1) if part.strip() or len(part) > MAX_LINE]
+    text = [part[3:] if n == 1 and part.startswith(b"\xef\xbb\xbf") else part
+            for n, part in enumerate(parts, 1)]
+    return [(n, part) for n, (part, shown) in enumerate(zip(parts, text, strict=True), 1)
+            if shown.strip() or len(part) > MAX_LINE]
 
 
 def check_results(data: bytes, stdout: bytes, head_before: int, head_after: int) -> list[dict]:
@@ -157,6 +161,8 @@ def fuzzed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Path
 @settings(max_examples=60, deadline=None, database=None,
           suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 @given(data=streams)
+@example(data=b"\xef\xbb\xbf")  # a byte order mark alone: a blank first line
+@example(data=b"\xef\xbb\xbf{}\n\xef\xbb\xbf{}\n")  # ignored before the first line only
 def test_submit_answers_every_line_of_any_input_without_a_traceback(
     fuzzed: tuple[str, Path], data: bytes
 ) -> None:
