@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 from audit_support import CLI, history, jsonl, no_traceback, results
 from click.testing import CliRunner
-from hypothesis import example, HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from commands.cli import cli
