@@ -248,6 +248,64 @@ def ledger_tables() -> list[str]:
     ]
 
 
+def _rows(connection: Any, statement: str, params: Any) -> list[Any]:
+    return list(connection.execute(statement, params).fetchall())
+
+
+# The sequences of the ledger's tables (a serial column's), by schema and name.
+SEQUENCES_OF = (
+    "SELECT DISTINCT ns.nspname AS nsp, s.relname AS rel FROM pg_depend d "
+    "JOIN pg_class s ON s.oid = d.objid AND s.relkind = 'S' "
+    "JOIN pg_namespace ns ON ns.oid = s.relnamespace "
+    "WHERE d.classid = 'pg_class'::regclass AND d.refclassid = 'pg_class'::regclass "
+    "AND d.refobjid = ANY(SELECT to_regclass(t) FROM unnest(%s::text[]) t) ORDER BY 1, 2"
+)
+# What a role may still do on the ledger's tables, sequences and schema
+# beyond reading the projections: through a role it belongs to, or PUBLIC.
+BEYOND_READING = (
+    "SELECT format('%%s on %%s', p, n) AS what FROM unnest(%(ledger)s::text[]) n, "
+    "unnest(array['SELECT', 'INSERT', 'UPDATE', 'REFERENCES']) p "
+    "WHERE (p <> 'SELECT' OR n <> ALL(%(names)s::text[])) "  # a column's privilege too
+    "AND has_any_column_privilege(%(role)s::text, format('%%I.%%I', %(schema)s::text, n), p) "
+    "UNION ALL SELECT format('%%s on %%s', p, n) FROM unnest(%(ledger)s::text[]) n, "
+    "unnest(array['DELETE', 'TRUNCATE', 'TRIGGER']) p "
+    "WHERE has_table_privilege(%(role)s::text, format('%%I.%%I', %(schema)s::text, n), p) "
+    "UNION ALL SELECT format('%%s on sequence %%s', p, q) FROM unnest(%(sequences)s::text[]) q, "
+    "unnest(array['USAGE', 'SELECT', 'UPDATE']) p "
+    "WHERE has_sequence_privilege(%(role)s::text, q, p) "
+    "UNION ALL SELECT format('CREATE in schema %%s', %(schema)s::text) "
+    "WHERE %(own_schema)s AND has_schema_privilege(%(role)s::text, %(schema)s::text, 'CREATE')"
+)
+
+
+def _more_than_granted(run: Callable[..., list[Any]], role: str, schema: str) -> str | None:
+    """Why a role would keep more than any grant gives it: it is a superuser,
+    or owns (or belongs to the owner of) the ledger's schema or tables; so it
+    is refused before anything is revoked (an owner revoking its own
+    privileges would lock the ledger's writers out)."""
+    found = run(
+        "SELECT r.rolsuper AS superuser, (SELECT string_agg(c.relname, ', ' ORDER BY c.relname) "
+        "FROM pg_class c JOIN pg_namespace ns ON ns.oid = c.relnamespace "
+        "WHERE ns.nspname = %s AND c.relname = ANY(%s::text[]) "
+        "AND pg_has_role(r.oid, c.relowner, 'MEMBER')) AS owned "
+        "FROM pg_roles r WHERE r.rolname = %s",
+        (schema, [*tables.TABLES, *tables.VIEWS, tables.STATUS_VIEW, *ledger_tables()], role))
+    if not found:
+        return None  # no such role: the grant says so
+    if found[0]["superuser"]:
+        return "it is a superuser, which reads and writes everything whatever it is granted"
+    if found[0]["owned"]:
+        owned = found[0]["owned"].split(", ")
+        return (f"it owns {', '.join(owned[:3])}{', …' if len(owned) > 3 else ''} (or is a "
+                "member of their owner), and an owner may do anything with them")
+    return None
+
+
+def _may_not_grant(role: str, names: list[str]) -> str:
+    return (f"cannot grant reporting to {role}: this connection's role may not grant "
+            f"SELECT on {', '.join(names)} (the owner of the ledger's schema can)")
+
+
 def _denied(error: BaseException) -> bool:
     """Whether the server refused a privilege (the event recorder wraps its errors)."""
     cause = error.__cause__ if isinstance(error, PersistenceError) else error
@@ -381,6 +439,10 @@ class PostgresStore:
         """Create the schema once, or bring one an earlier version made up to
         this one (serialized across processes by an advisory lock)."""
         with self._connect(timeout, extra) as connection:
+            if connection.execute(  # written without quotes in the ledger's and the library's SQL
+                "SELECT quote_ident(%s) <> %s", (self.schema, self.schema)
+            ).fetchone()[0]:
+                self._fail(f"schema name {self.schema!r} is an SQL keyword: choose another")
             version, guarded, self.schema_oid = self._found(connection)
             if version == SCHEMA_VERSION:
                 if not guarded:
@@ -754,71 +816,64 @@ class PostgresStore:
 
     def grant_reporting(self, role: str) -> list[str]:
         """Let a role read the projection tables and views, and nothing else:
-        whatever it was granted on the ledger's other tables, or beyond SELECT
-        on these, is revoked; a role that would still have more (a superuser,
-        an owner, a member of a role that may write) is refused, nothing
-        changed."""
+        whatever it was granted on the ledger's other tables and sequences,
+        or beyond SELECT on these, is revoked; a role that would still have
+        more (a superuser, an owner, a member of a role that may write) is
+        refused, nothing changed."""
         names = [*tables.TABLES, *tables.VIEWS, tables.STATUS_VIEW]
         schema, grantee = sql.Identifier(self.schema), sql.Identifier(role)
         try:
             with self.datastore.get_connection() as connection, connection.transaction():
-                connection.execute(f"SET LOCAL search_path = {self.schema}")
-                superuser = connection.execute(
-                    "SELECT rolsuper FROM pg_roles WHERE rolname = %s", (role,)).fetchone()
-                if superuser and superuser["rolsuper"]:
-                    raise LedgerError(
-                        f"cannot make {role} a reporting role: it is a superuser, which reads "
-                        "and writes everything whatever it is granted; nothing was changed: "
-                        "grant to a role of its own"
-                    )
-                ledger = [row["n"] for row in connection.execute(  # as far as they exist
-                    "SELECT n FROM unnest(%s::text[]) n WHERE to_regclass(n) IS NOT NULL",
-                    ([*names, *ledger_tables()],)).fetchall()]
-                for statement in (
+                run = partial(_rows, connection)
+                if (why := _more_than_granted(run, role, self.schema)) is not None:
+                    raise LedgerError(f"cannot make {role} a reporting role: {why}; "
+                                      "nothing was changed: grant to a role of its own")
+                ledger = [row["n"] for row in run(  # as far as they exist
+                    "SELECT n FROM unnest(%s::text[]) n "
+                    "WHERE to_regclass(format('%%I.%%I', %s::text, n)) IS NOT NULL",
+                    ([*names, *ledger_tables()], self.schema))]
+                sequences = [(row["nsp"], row["rel"]) for row in run(SEQUENCES_OF, (
+                    [f'"{self.schema}"."{n}"' for n in ledger],))]
+                statements = [
                     sql.SQL("REVOKE ALL ON {} FROM {}").format(
                         sql.SQL(", ").join(sql.Identifier(self.schema, n) for n in ledger),
                         grantee),
-                    sql.SQL("REVOKE CREATE ON SCHEMA {} FROM {}").format(schema, grantee),
+                    *([sql.SQL("REVOKE ALL ON SEQUENCE {} FROM {}").format(
+                        sql.SQL(", ").join(sql.Identifier(*q) for q in sequences), grantee)]
+                      if sequences else []),
+                    # public is shared: what else the role creates there is not the ledger's
+                    *([sql.SQL("REVOKE CREATE ON SCHEMA {} FROM {}").format(schema, grantee)]
+                      if self.schema != "public" else []),
                     sql.SQL("GRANT USAGE ON SCHEMA {} TO {}").format(schema, grantee),
                     sql.SQL("GRANT SELECT ON {} TO {}").format(
                         sql.SQL(", ").join(sql.Identifier(self.schema, n) for n in names),
                         grantee),
-                ):
+                ]
+                for statement in statements:
                     connection.execute(statement)
                 # A GRANT by a role that may not grant only warns: check what took.
-                missing = connection.execute(
+                missing = [row["n"] for row in run(
                     "SELECT n FROM unnest(%s::text[]) n "
-                    "WHERE NOT has_table_privilege(%s::text, n, 'SELECT') "
-                    "OR NOT has_schema_privilege(%s::text, %s::text, 'USAGE')",
-                    (names, role, role, self.schema),
-                ).fetchall()
-                beyond = connection.execute(
-                    "SELECT format('%%s on %%s', p, n) AS what FROM unnest(%s::text[]) n, "
-                    "unnest(array['SELECT', 'INSERT', 'UPDATE', 'DELETE', 'TRUNCATE']) p "
-                    "WHERE (p <> 'SELECT' OR n <> ALL(%s::text[])) "
-                    "AND has_table_privilege(%s::text, n, p) ORDER BY n, p",
-                    (ledger, names, role),
-                ).fetchall()
-                if beyond and not missing:
-                    shown = ", ".join(row["what"] for row in beyond[:3])
+                    "WHERE NOT has_table_privilege(%s::text, format('%%I.%%I', %s::text, n), "
+                    "'SELECT') OR NOT has_schema_privilege(%s::text, %s::text, 'USAGE')",
+                    (names, role, self.schema, role, self.schema))]
+                if missing:
+                    raise LedgerError(_may_not_grant(role, missing))
+                beyond = [row["what"] for row in run(BEYOND_READING, {
+                    "ledger": ledger, "names": names, "role": role, "schema": self.schema,
+                    "sequences": [f'"{nsp}"."{rel}"' for nsp, rel in sequences],
+                    "own_schema": self.schema != "public"})]
+                if beyond:
                     raise LedgerError(
-                        f"cannot make {role} a reporting role: it may still {shown}"
-                        f"{', …' if len(beyond) > 3 else ''} (as an owner of the ledger's "
-                        "tables, or a member of a role that may, or through PUBLIC); nothing "
-                        "was changed: grant to a role of its own"
+                        f"cannot make {role} a reporting role: it may still "
+                        f"{', '.join(beyond[:3])}{', …' if len(beyond) > 3 else ''} (as a "
+                        "member of a role that may, or through PUBLIC); nothing was changed: "
+                        "grant to a role of its own"
                     )
         except (psycopg.Error, PersistenceError) as error:
             if _denied(error):  # a REVOKE on what it has no privilege on at all
-                missing = [{"n": n} for n in names]
-            else:
-                raise LedgerError(
-                    f"cannot grant reporting to {role}: {describe(error)}") from None
-        if missing:
-            raise LedgerError(
-                f"cannot grant reporting to {role}: this connection's role may not grant "
-                f"SELECT on {', '.join(row['n'] for row in missing)} (the owner of the "
-                "ledger's schema can)"
-            )
+                raise LedgerError(_may_not_grant(role, names)) from None
+            raise LedgerError(f"cannot grant reporting to {role}: {describe(error)}") from None
         return names
 
     def close(self) -> None:

@@ -413,6 +413,8 @@ def test_a_password_given_twice_is_refused(fails_to_open):
 
 @pytest.mark.parametrize("extra, reason", [
     ("schema=Bad-Name", "schema name 'Bad-Name'"),
+    ("schema=user", "schema name 'user' is an SQL keyword: choose another"),  # was a syntax error
+    ("schema=default", "schema name 'default' is an SQL keyword: choose another"),
     ("projections=sometimes", "projections=sometimes"),
     ("colour=blue", "unknown option 'colour'"),
     ("writers=all", "writers=all must be lock or combine"),
