@@ -14,7 +14,7 @@ from collections.abc import Iterator
 from contextlib import AbstractContextManager
 from functools import partial
 from typing import Any, NamedTuple, Protocol
-from urllib.parse import parse_qs, urlsplit
+from urllib.parse import unquote, urlsplit
 from uuid import NAMESPACE_URL, uuid5
 
 from eventsourcing.persistence import StoredEvent
@@ -169,6 +169,18 @@ def redacted(url: str) -> str:
 PASSWORD_PARAMETER = re.compile(r"(?i)([?&]password=)[^&#]*")
 
 
+def _parameters(query: str) -> dict[str, list[str]]:
+    """A URL's parameters as libpq reads them: percent-escapes decoded, but a
+    '+' kept as it is (``parse_qs`` reads it as a space, as HTML forms do:
+    ``?password=a+b`` would send 'a b')."""
+    given: dict[str, list[str]] = {}
+    for part in query.split("&"):
+        if part:
+            name, _, value = part.partition("=")
+            given.setdefault(unquote(name), []).append(unquote(value))
+    return given
+
+
 def _options(url: str, given: dict[str, list[str]]) -> dict[str, str]:
     """A URL's parameters, each given once and with a value: a repeated or
     empty one (say ``schema=$UNSET``) is refused, not read as the default."""
@@ -193,7 +205,7 @@ def open_store(url: str | None = None, create: bool = True) -> Store:
         parts.port  # noqa: B018 - checks it: out of range raises
     except ValueError as error:  # the URL is not shown: it may hold a password
         raise StoreUnavailable(f"cannot open store: the URL is malformed ({error})") from None
-    options = _options(url, parse_qs(parts.query, keep_blank_values=True))
+    options = _options(url, _parameters(parts.query))
     if parts.scheme == "sqlite":
         from ledger.sqlite_store import SQLiteStore
 

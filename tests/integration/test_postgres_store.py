@@ -390,7 +390,9 @@ class RefusingServer:
     ("ops:p%40ss%3Aw%2Frd@{host}/ledger", "p@ss:w/rd"),
     ("ops@{host}/ledger?password=wrong-one", "wrong-one"),  # as libpq reads it too
     ("ops@{host}/ledger?password=p%40ss%3Aw%2Frd%26x", "p@ss:w/rd&x"),
-], ids=["in the user part", "escaped in the user part", "as a parameter", "escaped as a parameter"])
+    ("ops@{host}/ledger?password=a+b%2Bc", "a+b+c"),  # a '+' is no space to libpq
+], ids=["in the user part", "escaped in the user part", "as a parameter", "escaped as a parameter",
+        "with a plus sign"])
 def test_a_refused_password_is_exit_3_in_one_line_without_showing_it(
     fails_to_open, given, password
 ):
