@@ -50,8 +50,11 @@ def write(text: str, lost: Callable[[str], click.ClickException] = cannot_print)
             stream.write(text)
             stream.flush()
         elif text:  # (an empty write reaches a full device, an empty flush does not)
-            errors = stream.errors or "strict"
-            _write_all(buffer, text.encode(stream.encoding, ESCAPED if errors == "strict" else errors))
+            try:
+                data = text.encode(stream.encoding, stream.errors or "strict")
+            except UnicodeEncodeError:  # (surrogateescape, say, fails on them as strict does)
+                data = text.encode(stream.encoding, ESCAPED)
+            _write_all(buffer, data)
             buffer.flush()
     except OSError as error:
         raise output_lost(error, lost) from None

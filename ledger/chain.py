@@ -155,10 +155,11 @@ class IdsCheck:
             self.cursor.execute(
                 f"SELECT position, id FROM event_ids {where}ORDER BY position, id LIMIT {PAGE}",
                 after or ())
-            page = [(int(row[0]), str(row[1])) for row in self.cursor.fetchall()]
-            kept = {
+            page = [(row[0], row[1]) for row in self.cursor.fetchall()]  # as kept: SQLite
+            kept = {  # takes a position of text, which no kept event has
                 stored.originator_version: _client_id(stored.state)
-                for stored in self.store.kept_at(self.cursor, sorted({at for at, _ in page}))
+                for stored in self.store.kept_at(
+                    self.cursor, sorted({at for at, _ in page if type(at) is int}))
             }
             for position, client in page:
                 if kept.get(position) != client:
@@ -300,18 +301,21 @@ def kept_hashes(store: Store, cursor: Any) -> Iterator[tuple[int, str]]:
         after = page[-1][0]
 
 
-def rows_beside(cursor: Any, head: int) -> Break | None:
+def rows_beside(store: Store, cursor: Any, head: int) -> Break | None:
     """Rows of the log's table besides its positions 1 to ``head``: inserted
     before position 1 (the triggers refuse changes and deletions, not an
     INSERT), or under another stream. Nothing reads them as the log, but
     they were put there."""
-    cursor.execute("SELECT COUNT(*), MIN(originator_version) FROM stored_events")
+    p = store.param
+    cursor.execute(
+        "SELECT COUNT(*), MIN(originator_version) FROM stored_events WHERE NOT "
+        f"(originator_id = {p} AND originator_version BETWEEN 1 AND {p})", (store.stream, head))
     count, lowest = cursor.fetchone()
-    if int(count) > head:
+    if count:
         return Break(
             None,
-            f"stored_events holds {int(count) - head} row(s) besides the log's positions 1 "
-            f"to {head} (the lowest at position {lowest}): inserted by hand",
+            f"stored_events holds {count} row(s) besides the log's positions 1 to {head} "
+            f"(the lowest at position {lowest}): inserted by hand",
         )
     return None
 
@@ -326,7 +330,7 @@ def verify(store: Store, digest: Digest | None = None) -> Verification:
         events = (
             (e.originator_version, e.topic, bytes(e.state)) for e in store.read_log(0, head)
         )
-        found = check.run(events, kept_hashes(store, cursor)) or rows_beside(cursor, head)
+        found = check.run(events, kept_hashes(store, cursor)) or rows_beside(store, cursor, head)
     seconds = time.perf_counter() - started
     if found is None:
         return Verification(head, check.checked, check.previous, seconds, digest=digest)

@@ -301,7 +301,7 @@ def _json_problem(text: str | bytes) -> str:
             text.decode()
         except UnicodeDecodeError as error:
             return _not_utf8(text, error)
-        if text.count(b"\x00") * 3 >= len(text):  # a later line of UTF-16 text: still ASCII
+        if text and text.count(b"\x00") * 3 >= len(text):  # a later line of UTF-16 text
             return LOOKS_UTF16
     # without its trailing JSON whitespace only: JSON allows no other
     line = text.rstrip(b" \t\r\n") if isinstance(text, bytes) else text.rstrip(" \t\r\n")

@@ -209,7 +209,7 @@ def kept_time(text: str) -> str:
     and ``Z``, as nearly every event's is, is padded as text once its fields
     are checked: reading it into a datetime and writing it out again took
     three times as long."""
-    if text[-1] == "Z" and text[10] == "T":
+    if text[-1] == "Z" and text[10] == "T" and text[11:13] != "24":  # 24:00 is read from 3.14 on
         datetime.fromisoformat(text[:-1])  # every field in range (a time without a zone)
         digits = len(text) - 21  # of the fraction; -1: none (nor its point)
         if digits >= 6:  # those past the sixth dropped, as fromisoformat drops them

@@ -234,7 +234,9 @@ def describe(error: BaseException, hint: bool = True) -> str:
     line = lines[0] if lines else type(cause).__name__
     if hint and isinstance(cause, psycopg.errors.QueryCanceled) and "statement timeout" in line:
         return f"{line} ({STATEMENT_TIMEOUT})"
-    if hint and isinstance(cause, psycopg.errors.InsufficientPrivilege):
+    if hint and isinstance(cause, psycopg.errors.InsufficientPrivilege) and re.match(
+        r"permission denied for (table|view|sequence|relation) ", line
+    ):  # not for a database or schema: creating a ledger asks for more
         return f"{line} ({ROLE_DENIED})"
     return line
 

@@ -119,7 +119,7 @@ def _other_tables(cursor: sqlite3.Cursor) -> list[str]:
     return others
 
 
-def something_else(url: str, path: str, others: list[str], advice: str) -> StoreUnavailable:
+def not_a_ledger(url: str, path: str, others: list[str], advice: str) -> StoreUnavailable:
     shown = ", ".join(others[:3]) + (", …" if len(others) > 3 else "")
     return StoreUnavailable(
         f"cannot open store {url}: {path} is a database of something else "
@@ -191,7 +191,7 @@ class SQLiteStore:
         reading = self._reading_uri() if exists and (self.read_only or not create) else path
         holds = exists and _holds_ledger(reading)
         if not create and isinstance(holds, list):
-            raise something_else(url, path, holds, "check --store")
+            raise not_a_ledger(url, path, holds, "check --store")
         if not create and not holds:
             raise StoreUnavailable(
                 f"cannot open store {url}: there is no ledger at {path} (nothing has been "
@@ -319,7 +319,7 @@ class SQLiteStore:
         """A new ledger goes into a file of its own: one that holds other
         tables (a mistyped path to another database) is left as it is."""
         if others := _other_tables(cursor):
-            raise something_else(self.url, self.path, others, "name a new file for the ledger")
+            raise not_a_ledger(self.url, self.path, others, "name a new file for the ledger")
 
     def decide(self, batch: list[dict[str, Any]], decider: Decider) -> list[Any]:
         """One writer at a time decides in its own transaction (``BEGIN IMMEDIATE``)."""

@@ -468,6 +468,35 @@ def test_verify_names_the_first_id_no_kept_event_has_a_few_pages_on(
         "event_ids holds 2 id(s) that no kept event has ('forged-1' for position 120, first)")
 
 
+def test_verify_names_an_id_kept_for_a_position_that_is_no_number(
+    sqlite_under_test: Any,
+) -> None:
+    """SQLite takes text in an INTEGER column: not an internal error."""
+    attacker = simulated_and_unguarded(sqlite_under_test, 60)
+    attacker.sql("INSERT INTO event_ids (id, position) VALUES ('forged', 'abc')")
+
+    checked = run("verify", url=sqlite_under_test.url)
+
+    assert checked.returncode == 1
+    assert one_line_error(checked.stderr) == (
+        "Error: verify failed: event_ids holds 1 id(s) that no kept event has ('forged' for "
+        "position abc, first)")
+
+
+def test_verify_names_a_row_kept_under_another_stream(attack: Attack) -> None:
+    other = "'another-stream'" if attack.target.dialect == "sqlite" else "gen_random_uuid()"
+    table, head = attack.attacker.events, attack.attacker.head()
+    attack.attacker.sql(
+        f"INSERT INTO {table} (originator_id, originator_version, topic, state) "
+        f"SELECT {other}, 7, topic, state FROM {table} WHERE originator_version = 7")
+
+    found = verify(attack.store)
+
+    assert (found.position, found.problem) == (None, (
+        f"stored_events holds 1 row(s) besides the log's positions 1 to {head} (the lowest at "
+        "position 7): inserted by hand"))
+
+
 def test_a_digest_for_another_history_does_not_verify(
     ledger_log: tuple[StoreUnderTest, Store],
 ) -> None:

@@ -195,14 +195,15 @@ def test_an_error_naming_a_value_is_one_line(small):
 NON_ASCII = "caf\u00e9\U0001f600"
 
 
+@pytest.mark.parametrize("encoding", ["ascii", "ascii:surrogateescape"])
 @pytest.mark.parametrize("fmt", ["json", "jsonl", "csv", "table"])
-def test_characters_stdout_cannot_encode_are_printed_as_json_escapes(url, fmt):
+def test_characters_stdout_cannot_encode_are_printed_as_json_escapes(url, fmt, encoding):
     """Not an internal error: the same value for a JSON reader, and a
     readable escape in a table or CSV."""
     submitted(url, {"type": "node-registered", "node": NON_ASCII})
     result = subprocess.run(
         [*CLI, "--store", url, "query", "nodes", "--format", fmt], capture_output=True,
-        env={**os.environ, "PYTHONIOENCODING": "ascii"}, check=False,
+        env={**os.environ, "PYTHONIOENCODING": encoding}, check=False,
     )
 
     assert (result.returncode, result.stderr) == (0, b"")

@@ -346,3 +346,19 @@ def test_a_role_that_would_still_have_more_is_refused_and_nothing_changes(
     assert told in result.stderr
     assert result.stderr.endswith("nothing was changed: grant to a role of its own\n")
     assert ("stored_events", "SELECT") in before and after == before
+
+
+def test_a_role_that_may_not_create_a_ledger_is_not_told_about_reporting(
+    pg_dsn, role, alloc_ledger
+):
+    """The hint is for a table refused, not for a database: creating a ledger
+    asks for CREATE on it, which is another matter."""
+    parts = urlsplit(pg_dsn)
+    url = parts._replace(netloc=f"{role}@{parts.hostname}:{parts.port or 5432}",
+                         query=f"schema={role}_new").geturl()
+
+    result = alloc_ledger("submit", "node-registered", "--node", "n1", url=url)
+
+    assert result.returncode == 3
+    assert result.stderr.startswith(f"Error: cannot open store {url}: permission denied for ")
+    assert "grant-reporting" not in result.stderr and result.stderr.count("\n") == 1
