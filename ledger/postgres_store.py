@@ -30,7 +30,7 @@ from typing import Any, NoReturn
 from urllib.parse import SplitResult, unquote
 
 import psycopg
-from eventsourcing.persistence import PersistenceError, StoredEvent, Tracking
+from eventsourcing.persistence import PersistenceError, Tracking
 from eventsourcing.postgres import PostgresDatastore, PostgresProcessRecorder
 from psycopg import sql
 from psycopg.rows import dict_row, tuple_row
@@ -47,6 +47,7 @@ from ledger.store import (
     Decider,
     LoggedEvent,
     decide_here,
+    logged,
     redacted,
     seconds,
 )
@@ -726,18 +727,18 @@ class PostgresStore:
         cursor.execute(KNOWN_IDS, (ids,))
         return {row[0]: row[1] for row in cursor.fetchall()}
 
-    def kept_at(self, cursor: Any, positions: list[int]) -> list[StoredEvent]:
+    def kept_at(self, cursor: Any, positions: list[int]) -> list[LoggedEvent]:
         cursor.execute(
             "SELECT originator_version, topic, COALESCE(state, ''::bytea) FROM stored_events "
             "WHERE originator_id = %s AND originator_version = ANY(%s::bigint[]) ORDER BY originator_version",
             (self.stream, positions),
         )
-        return [StoredEvent(self.stream, row[0], row[1], bytes(row[2])) for row in cursor.fetchall()]
+        return [logged((row[0], row[1], bytes(row[2]))) for row in cursor.fetchall()]
 
     def write_rows(self, cursor: Any, sql: Any, changed: ChangedRows) -> None:
         postgres_writes.write_rows(cursor, sql.prefix, changed)
 
-    def read_log(self, after: int, upto: int | None = None) -> Iterator[StoredEvent]:
+    def read_log(self, after: int, upto: int | None = None) -> Iterator[LoggedEvent]:
         """Pages of the log; inside a transaction of this store, through that
         transaction (so a writer projecting inline sees what it just appended)."""
         while upto is None or after < upto:
@@ -747,7 +748,7 @@ class PostgresStore:
                 return
             after = page[-1].originator_version
 
-    def _page(self, after: int, upto: int | None) -> list[StoredEvent]:
+    def _page(self, after: int, upto: int | None) -> list[LoggedEvent]:
         cursor = getattr(self._local, "cursor", None)
         if cursor is None:
             with self.reading():  # a page in a transaction of its own
@@ -760,10 +761,7 @@ class PostgresStore:
                 "AND originator_version <= %s ORDER BY originator_version LIMIT %s",
                 (self.stream, after, upto if upto is not None else 2**62, PAGE),
             )
-            return [
-                StoredEvent(self.stream, row[0], row[1], bytes(row[2]))
-                for row in cursor.fetchall()
-            ]
+            return [logged((row[0], row[1], bytes(row[2]))) for row in cursor.fetchall()]
         except (psycopg.Error, PersistenceError) as error:
             raise StoreUnavailable(f"store {self.shown}: {describe(error)}") from None
 

@@ -128,7 +128,7 @@ class Store(Protocol):
         tables of ``sql``'s prefix, in the caller's transaction, as this
         database does it fastest."""
 
-    def read_log(self, after: int, upto: int | None = None) -> Iterator[Kept]:
+    def read_log(self, after: int, upto: int | None = None) -> Iterator[LoggedEvent]:
         """Stored events after a position, in order, read page by page."""
 
     def search_log(self, cursor: Any, needle: str) -> list[tuple[int, str, bytes]]:
