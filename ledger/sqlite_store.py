@@ -61,6 +61,7 @@ APPEND_ONLY = [
 # The client ids are guarded as well: a lost id would let a retry append its
 # event again. Stores made before they were are guarded when next opened.
 ID_GUARD_NAMES = ("event_ids_append_only_update", "event_ids_append_only_delete")
+VIEW_NAMES = (*tables.VIEWS, tables.STATUS_VIEW)
 ID_GUARDS = [
     f"""CREATE TRIGGER IF NOT EXISTS {name}
        BEFORE {name.rsplit("_", 1)[1].upper()} ON event_ids
@@ -280,10 +281,12 @@ class SQLiteStore:
         with self.reading() as cursor:
             cursor.execute(
                 "SELECT user_version, (SELECT COUNT(*) FROM sqlite_master WHERE type = 'trigger' "
-                f"AND name IN ({', '.join('?' * len(ID_GUARD_NAMES))})) FROM pragma_user_version",
-                ID_GUARD_NAMES,
+                f"AND name IN ({', '.join('?' * len(ID_GUARD_NAMES))})), "
+                "(SELECT COUNT(*) FROM sqlite_master WHERE type = 'view' "
+                f"AND name IN ({', '.join('?' * len(VIEW_NAMES))})) FROM pragma_user_version",
+                (*ID_GUARD_NAMES, *VIEW_NAMES),
             )
-            version, guards = cursor.fetchone()
+            version, guards, views = cursor.fetchone()
             if version > SCHEMA_VERSION:
                 raise MadeByNewer(self.url, version, SCHEMA_VERSION)
             if version == 0:
@@ -299,6 +302,10 @@ class SQLiteStore:
                 with self.writing() as cursor:
                     for statement in ID_GUARDS:
                         cursor.execute(statement)
+            if views < len(VIEW_NAMES) and not self.read_only:  # one dropped by hand: derived
+                with self.writing() as cursor:  # from the tables, so made again as it was
+                    tables.create(cursor, self.dialect)  # (the tables are there: no-ops)
+                    tables.create_status_view(cursor, self.dialect, self.stream, PROJECTIONS)
             return
         try:
             self.recorder.create_table()

@@ -1437,3 +1437,21 @@ def test_sqlite3_alone_reads_the_same_answers(request, query, which):
     assert printed == by_sqlite3(path, query)
     assert (printed == []) == ((which, query) in {("small", "zombie-slots"),
                                                   ("stories", "needs-reconnect")})
+
+
+def test_a_view_dropped_by_hand_is_made_again_as_it_was_when_the_store_is_next_opened(tmp_path):
+    """The views are derived from the tables: the next command that may write
+    the file makes a dropped one again, not 'no such table: needs_reconnect'
+    for ever after."""
+    url = f"sqlite:///{tmp_path}/ledger.db"
+    invoke(store(url, "submit", "node-registered", "--node", "n1", "--slots", "1"))
+    views = "SELECT name, sql FROM sqlite_master WHERE type = 'view' ORDER BY name"
+    with closing(sqlite3.connect(tmp_path / "ledger.db")) as db, db:
+        made = db.execute(views).fetchall()
+        for name, _ in made:
+            db.execute(f"DROP VIEW {name}")
+
+    assert json.loads(invoke(store(url, "query", "needs-reconnect", "--format", "json")).stdout) == []
+    with closing(sqlite3.connect(tmp_path / "ledger.db")) as db:
+        assert db.execute(views).fetchall() == made
+    assert [name for name, _ in made] == ["needs_reconnect", "projection_status", "zombie_slots"]
