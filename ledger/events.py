@@ -59,15 +59,19 @@ SPACE = (
     r"\t\n\x0b\x0c\r \x1c-\x1f\x85\xa0\u1680\u180e\u2000-\u200b"
     r"\u2028\u2029\u202f\u205f\u2060\u3000\ufeff"
 )
-TRIMMED = rf"^[^{SPACE}\x00](?:[^\x00]*[^{SPACE}\x00])?$"
+
+
+def _trimmed(also: str = "") -> str:
+    """A name without white space at either end, nor NUL (nor ``also``) anywhere."""
+    return rf"^[^{SPACE}{also}\x00](?:[^{also}\x00]*[^{SPACE}{also}\x00])?$"
+
+
+TRIMMED = _trimmed()
 Name = Annotated[str, Field(min_length=1, max_length=128, pattern=NO_NUL)]
 NewName = Annotated[str, Field(min_length=1, max_length=128, pattern=TRIMMED)]
 # '#' separates node and slot (n1#0), so a node name may not contain it.
 NodeName = Annotated[str, Field(min_length=1, max_length=128, pattern=r"^[^#\x00]+$")]
-NewNodeName = Annotated[
-    str,
-    Field(min_length=1, max_length=128, pattern=rf"^[^{SPACE}#\x00](?:[^#\x00]*[^{SPACE}#\x00])?$"),
-]
+NewNodeName = Annotated[str, Field(min_length=1, max_length=128, pattern=_trimmed("#"))]
 Address = Annotated[str, Field(min_length=1, max_length=256, pattern=TRIMMED)]
 SlotIndex = Annotated[int, Field(ge=0, lt=MAX_SLOTS)]
 Text = Annotated[str, Field(max_length=1024, pattern=NO_NUL)]
