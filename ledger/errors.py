@@ -99,6 +99,11 @@ class SlotReportInvalid(RuleViolation):
 PLURAL_FIELDS = ("addresses", "slots")
 
 
+def first_few(names: list[str], most: int = 3) -> str:
+    """``a, b, c, …``: the first few of a list a message names."""
+    return ", ".join(names[:most]) + (", …" if len(names) > most else "")
+
+
 def counted(count: int, noun: str) -> str:
     """``1 slot``, ``2 slots``."""
     return f"{count} {noun}{'' if count == 1 else 's'}"

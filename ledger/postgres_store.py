@@ -36,7 +36,7 @@ from psycopg import sql
 from psycopg.rows import dict_row, tuple_row
 
 from ledger import postgres_writes
-from ledger.errors import LedgerError, MadeByNewer, StoreUnavailable
+from ledger.errors import LedgerError, MadeByNewer, StoreUnavailable, first_few
 from ledger.postgres_handoff import TABLES as HANDOFF_TABLES
 from ledger.postgres_handoff import Handoff, connection_lost
 from ledger.postgres_preload import KNOWN_IDS, Preload, known_ids, named_by, not_cached
@@ -242,13 +242,12 @@ def describe(error: BaseException, hint: bool = True) -> str:
     return line
 
 
-def ledger_tables() -> list[str]:
-    """The ledger's tables and views but the projections a reporting role
-    reads: the log and its indexes, tracking, the writers' own."""
-    return [
-        "stored_events", "event_ids", "event_hashes", TRACKING, "checkpoints",
-        "handoff", "outcomes", *(STATE_PREFIX + t for t in (*tables.TABLES, *tables.VIEWS)),
-    ]
+# The ledger's tables and views but those a reporting role reads: the log
+# and its indexes, tracking, the writers' own.
+OWN_TABLES = (
+    "stored_events", "event_ids", "event_hashes", TRACKING, "checkpoints",
+    "handoff", "outcomes", *(STATE_PREFIX + t for t in (*tables.TABLES, *tables.VIEWS)),
+)
 
 
 def _rows(connection: Any, statement: str, params: Any) -> list[Any]:
@@ -287,20 +286,19 @@ def _more_than_granted(run: Callable[..., list[Any]], role: str, schema: str) ->
     is refused before anything is revoked (an owner revoking its own
     privileges would lock the ledger's writers out)."""
     found = run(
-        "SELECT r.rolsuper AS superuser, (SELECT string_agg(c.relname, ', ' ORDER BY c.relname) "
+        "SELECT r.rolsuper AS superuser, (SELECT array_agg(c.relname::text ORDER BY c.relname) "
         "FROM pg_class c JOIN pg_namespace ns ON ns.oid = c.relnamespace "
         "WHERE ns.nspname = %s AND c.relname = ANY(%s::text[]) "
         "AND pg_has_role(r.oid, c.relowner, 'MEMBER')) AS owned "
         "FROM pg_roles r WHERE r.rolname = %s",
-        (schema, [*tables.TABLES, *tables.VIEWS, tables.STATUS_VIEW, *ledger_tables()], role))
+        (schema, [*tables.REPORTED, *OWN_TABLES], role))
     if not found:
         return None  # no such role: the grant says so
     if found[0]["superuser"]:
         return "it is a superuser, which reads and writes everything whatever it is granted"
     if found[0]["owned"]:
-        owned = found[0]["owned"].split(", ")
-        return (f"it owns {', '.join(owned[:3])}{', …' if len(owned) > 3 else ''} (or is a "
-                "member of their owner), and an owner may do anything with them")
+        return (f"it owns {first_few(found[0]['owned'])} (or is a member of their owner), "
+                "and an owner may do anything with them")
     return None
 
 
@@ -820,7 +818,7 @@ class PostgresStore:
         or beyond SELECT on these, is revoked; a role that would still have
         more (a superuser, an owner, a member of a role that may write) is
         refused, nothing changed."""
-        names = [*tables.TABLES, *tables.VIEWS, tables.STATUS_VIEW]
+        names = list(tables.REPORTED)
         schema, grantee = sql.Identifier(self.schema), sql.Identifier(role)
         try:
             with self.datastore.get_connection() as connection, connection.transaction():
@@ -831,7 +829,7 @@ class PostgresStore:
                 ledger = [row["n"] for row in run(  # as far as they exist
                     "SELECT n FROM unnest(%s::text[]) n "
                     "WHERE to_regclass(format('%%I.%%I', %s::text, n)) IS NOT NULL",
-                    ([*names, *ledger_tables()], self.schema))]
+                    ([*names, *OWN_TABLES], self.schema))]
                 sequences = [(row["nsp"], row["rel"]) for row in run(SEQUENCES_OF, (
                     [f'"{self.schema}"."{n}"' for n in ledger],))]
                 statements = [
@@ -865,10 +863,9 @@ class PostgresStore:
                     "own_schema": self.schema != "public"})]
                 if beyond:
                     raise LedgerError(
-                        f"cannot make {role} a reporting role: it may still "
-                        f"{', '.join(beyond[:3])}{', …' if len(beyond) > 3 else ''} (as a "
-                        "member of a role that may, or through PUBLIC); nothing was changed: "
-                        "grant to a role of its own"
+                        f"cannot make {role} a reporting role: it may still {first_few(beyond)} "
+                        "(as a member of a role that may, or through PUBLIC); nothing was "
+                        "changed: grant to a role of its own"
                     )
         except (psycopg.Error, PersistenceError) as error:
             if _denied(error):  # a REVOKE on what it has no privilege on at all

@@ -22,7 +22,7 @@ from eventsourcing.persistence import IntegrityError, PersistenceError, Tracking
 from eventsourcing.sqlite import SQLiteConnectionPool, SQLiteDatastore, SQLiteProcessRecorder
 
 from ledger import sqlite_writes
-from ledger.errors import MadeByNewer, StoreUnavailable
+from ledger.errors import MadeByNewer, StoreUnavailable, first_few
 from ledger.store import (
     LEDGER_STREAM,
     PROJECTIONS,
@@ -61,7 +61,6 @@ APPEND_ONLY = [
 # The client ids are guarded as well: a lost id would let a retry append its
 # event again. Stores made before they were are guarded when next opened.
 ID_GUARD_NAMES = ("event_ids_append_only_update", "event_ids_append_only_delete")
-VIEW_NAMES = (*tables.VIEWS, tables.STATUS_VIEW)
 ID_GUARDS = [
     f"""CREATE TRIGGER IF NOT EXISTS {name}
        BEFORE {name.rsplit("_", 1)[1].upper()} ON event_ids
@@ -121,10 +120,9 @@ def _other_tables(cursor: sqlite3.Cursor) -> list[str]:
 
 
 def not_a_ledger(url: str, path: str, others: list[str], advice: str) -> StoreUnavailable:
-    shown = ", ".join(others[:3]) + (", …" if len(others) > 3 else "")
     return StoreUnavailable(
         f"cannot open store {url}: {path} is a database of something else "
-        f"(tables {shown}), not a ledger; {advice}"
+        f"(tables {first_few(others)}), not a ledger; {advice}"
     )
 
 
@@ -283,8 +281,8 @@ class SQLiteStore:
                 "SELECT user_version, (SELECT COUNT(*) FROM sqlite_master WHERE type = 'trigger' "
                 f"AND name IN ({', '.join('?' * len(ID_GUARD_NAMES))})), "
                 "(SELECT COUNT(*) FROM sqlite_master WHERE type = 'view' "
-                f"AND name IN ({', '.join('?' * len(VIEW_NAMES))})) FROM pragma_user_version",
-                (*ID_GUARD_NAMES, *VIEW_NAMES),
+                f"AND name IN ({', '.join('?' * len(tables.ALL_VIEWS))})) FROM pragma_user_version",
+                (*ID_GUARD_NAMES, *tables.ALL_VIEWS),
             )
             version, guards, views = cursor.fetchone()
             if version > SCHEMA_VERSION:
@@ -302,7 +300,7 @@ class SQLiteStore:
                 with self.writing() as cursor:
                     for statement in ID_GUARDS:
                         cursor.execute(statement)
-            if views < len(VIEW_NAMES) and not self.read_only:  # one dropped by hand: derived
+            if views < len(tables.ALL_VIEWS) and not self.read_only:  # one dropped by hand: derived
                 with self.writing() as cursor:  # from the tables, so made again as it was
                     tables.create(cursor, self.dialect)  # (the tables are there: no-ops)
                     tables.create_status_view(cursor, self.dialect, self.stream, PROJECTIONS)

@@ -128,6 +128,8 @@ def create_statements(prefix: str = "", dialect: str = "sqlite") -> list[str]:
 # How far the projection tables have read the log, for readers who may not
 # read the log or ``tracking`` (a PostgreSQL view runs as its owner).
 STATUS_VIEW = "projection_status"
+ALL_VIEWS = (*VIEWS, STATUS_VIEW)
+REPORTED = (*TABLES, *ALL_VIEWS)  # what a reporting tool reads
 
 
 def create_status_view(cursor: Any, dialect: str, stream: str, application: str) -> bool:
