@@ -119,7 +119,9 @@ FOUND = (
     "SELECT obj_description(to_regclass(%(hashes)s), 'pg_class'), "
     "(SELECT COUNT(*) = 2 FROM pg_trigger WHERE tgrelid = to_regclass(%(ids)s) "
     "AND tgname IN ('event_ids_append_only', 'event_ids_no_truncate')), "
-    "(SELECT oid::int4 FROM pg_namespace WHERE nspname = %(schema)s)"
+    "(SELECT oid::int4 FROM pg_namespace WHERE nspname = %(schema)s), "
+    # a keyword (user, default) that the ledger's and the library's SQL write unquoted
+    "quote_ident(%(schema)s) <> %(schema)s"
 )
 # Advisory locks are database-wide: the ledger's are in PostgreSQL's two-int
 # form (a lock space apart from the one-bigint form), a fixed number of
@@ -440,10 +442,6 @@ class PostgresStore:
         """Create the schema once, or bring one an earlier version made up to
         this one (serialized across processes by an advisory lock)."""
         with self._connect(timeout, extra) as connection:
-            if connection.execute(  # written without quotes in the ledger's and the library's SQL
-                "SELECT quote_ident(%s) <> %s", (self.schema, self.schema)
-            ).fetchone()[0]:
-                self._fail(f"schema name {self.schema!r} is an SQL keyword: choose another")
             version, guarded, self.schema_oid = self._found(connection)
             if version == SCHEMA_VERSION:
                 if not guarded:
@@ -517,12 +515,13 @@ class PostgresStore:
             self._fail(describe(error))
         if row is None:
             return 0, False, None
+        if row[3]:
+            self._fail(f"schema name {self.schema!r} is an SQL keyword: choose another")
         mark = MARKED.fullmatch(row[0] or "")
         return (int(mark[1]) if mark else 0), bool(row[1]), row[2]
 
     def _create_schema(self, connection: psycopg.Connection[Any], extra: dict[str, str]) -> None:
-        connection.execute(sql.SQL("CREATE SCHEMA IF NOT EXISTS {}").format(
-            sql.Identifier(self.schema)))
+        """The ledger's tables in the schema ``_make_schema`` made."""
         datastore = PostgresDatastore(
             **self.connect_args, schema=self.schema, pool_size=1, max_overflow=0,
             pool_open_timeout=10,
