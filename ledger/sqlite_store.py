@@ -296,13 +296,13 @@ class SQLiteStore:
                 "where it may be written, to upgrade it"
             )
         if version == SCHEMA_VERSION:
-            if guards < len(ID_GUARDS) and not self.read_only:  # made before ids were guarded
+            # Ids guarded (a store made before they were), a view dropped by hand
+            # made again; a table dropped is not made again empty.
+            if not self.read_only and (guards < len(ID_GUARDS) or views < len(tables.ALL_VIEWS)):
                 with self.writing() as cursor:
                     for statement in ID_GUARDS:
                         cursor.execute(statement)
-            if views < len(tables.ALL_VIEWS) and not self.read_only:  # one dropped by hand: derived
-                with self.writing() as cursor:  # from the tables, so made again as it was
-                    tables.create(cursor, self.dialect)  # (the tables are there: no-ops)
+                    tables.create_views(cursor, self.dialect)
                     tables.create_status_view(cursor, self.dialect, self.stream, PROJECTIONS)
             return
         try:

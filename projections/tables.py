@@ -161,16 +161,24 @@ def create(cursor: object, dialect: str, prefix: str = "", indexes: bool = True)
     """Create the tables and (once) the views; ``indexes=False`` leaves the
     indexes to ``create_indexes``, for tables about to be filled in bulk."""
     for statement in create_statements(prefix, dialect):
-        if not indexes and statement.startswith("CREATE INDEX"):
+        if statement.startswith("CREATE VIEW") or (
+            not indexes and statement.startswith("CREATE INDEX")
+        ):
             continue
         if dialect == "sqlite":  # there, only INTEGER PRIMARY KEY is the row id itself
             statement = statement.replace("BIGINT PRIMARY KEY", "INTEGER PRIMARY KEY")
-        if statement.startswith("CREATE VIEW"):
-            name = statement.split()[2]
-            cursor.execute(view_exists_check(dialect, name))  # type: ignore[attr-defined]
-            if cursor.fetchone() is not None:  # type: ignore[attr-defined]
-                continue
         cursor.execute(statement)  # type: ignore[attr-defined]
+    create_views(cursor, dialect, prefix)
+
+
+def create_views(cursor: Any, dialect: str, prefix: str = "") -> None:
+    """The views of a prefix that are missing (those there are left as they
+    are): derived from the tables, so one dropped by hand is made again as it was."""
+    for statement in create_statements(prefix, dialect):
+        if statement.startswith("CREATE VIEW"):
+            cursor.execute(view_exists_check(dialect, statement.split()[2]))
+            if cursor.fetchone() is None:
+                cursor.execute(statement)
 
 
 # What a store made by an earlier version lacks; creating its tables and

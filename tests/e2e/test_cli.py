@@ -1455,3 +1455,18 @@ def test_a_view_dropped_by_hand_is_made_again_as_it_was_when_the_store_is_next_o
     with closing(sqlite3.connect(tmp_path / "ledger.db")) as db:
         assert db.execute(views).fetchall() == made
     assert [name for name, _ in made] == ["needs_reconnect", "projection_status", "zombie_slots"]
+
+
+def test_a_table_dropped_by_hand_is_not_made_again_empty(tmp_path):
+    """Only views are derived: an empty table would give wrong answers
+    where its absence gives an error."""
+    url = f"sqlite:///{tmp_path}/ledger.db"
+    invoke(store(url, "submit", "node-registered", "--node", "n1", "--slots", "1"))
+    with closing(sqlite3.connect(tmp_path / "ledger.db")) as db, db:
+        db.execute("DROP VIEW needs_reconnect")
+        db.execute("DROP TABLE alloc_states")
+
+    invoke(store(url, "query", "needs-reconnect"))
+    with closing(sqlite3.connect(tmp_path / "ledger.db")) as db:
+        names = {row[0] for row in db.execute("SELECT name FROM sqlite_master")}
+    assert "needs_reconnect" in names and "alloc_states" not in names
