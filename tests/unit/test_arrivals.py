@@ -8,7 +8,7 @@ import os
 import threading
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from commands import submit
@@ -91,6 +91,7 @@ def test_lines_already_waiting_come_in_one_batch_up_to_its_size() -> None:
     st.none() | st.integers(1, 10**12),
     st.none() | st.text(),
 )
+@example(3, "invalid", None, "node n\u2028x\u2029y\x85z is not registered")
 def test_a_result_line_is_the_json_of_its_receipt(
     number: int, status: str, position: int | None, error: str | None
 ) -> None:
@@ -99,3 +100,4 @@ def test_a_result_line_is_the_json_of_its_receipt(
     assert line == json_text({"line": number} | receipt.as_dict()) + "\n"
     assert json.loads(line) == {"line": number, "status": status, "position": position,
                                 "error": error}
+    assert line.count("\n") == 1 and len(line.splitlines()) == 1  # one line for any reader

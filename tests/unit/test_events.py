@@ -79,6 +79,9 @@ NUMBERED = st.one_of(
 
 @settings(max_examples=300, deadline=None)
 @given(NUMBERED)
+@example({"type": "node-registered", "node": "n1", "slots": math.nan})
+@example({"type": "heartbeat", "node": "n1", "slots": [{"slot": 0, "alloc": math.nan}]})
+@example({"type": "heartbeat", "node": "n1", "slots": [{"slot": math.inf}]})
 def test_a_dict_with_any_number_is_read_as_the_json_line_that_writes_it(event: dict) -> None:
     """The standard library writes NaN, Infinity and every digit, and a line
     may hold them: a dict's NaN must not become the null orjson writes."""

@@ -60,3 +60,22 @@ def test_a_statement_answered_within_its_bound_is_left_alone() -> None:
         dog.close()
         mine.close()
         server.close()
+
+
+def test_a_bound_is_cleared_once_its_statement_is_answered() -> None:
+    """Past the bound of a statement answered in time, the connection is
+    still left alone: the bound went with the answer."""
+    mine, server = socket.socketpair()
+    dog = Watchdog()
+    try:
+        server.sendall(b"x")
+        with dog.within(Connection(mine), 0.2):
+            assert mine.recv(1) == b"x"
+        time.sleep(0.6)  # past the bound, the watchdog awake all the while
+        server.sendall(b"y")
+        assert mine.recv(1) == b"y"
+        assert not dog.fired
+    finally:
+        dog.close()
+        mine.close()
+        server.close()
