@@ -26,7 +26,7 @@ from click.testing import CliRunner, Result
 
 from commands.cli import cli
 from commands.stories import all_events
-from ledger.application import Ledger
+from ledger.application import Ledger, Receipt
 from ledger.events import EVENT_TYPES, TYPES_NAMED, fields_of
 from ledger.sqlite_store import SCHEMA_VERSION, sqlite_missing
 from projections.queries import COLUMNS
@@ -1470,3 +1470,38 @@ def test_a_table_dropped_by_hand_is_not_made_again_empty(tmp_path):
     with closing(sqlite3.connect(tmp_path / "ledger.db")) as db:
         names = {row[0] for row in db.execute("SELECT name FROM sqlite_master")}
     assert "needs_reconnect" in names and "alloc_states" not in names
+
+
+def test_the_store_variable_names_the_store_and_the_default_is_in_the_working_directory(
+    tmp_path, monkeypatch
+):
+    """SPEC section 5: --store URL or ALLOC_LEDGER_STORE; the default is
+    sqlite:///alloc-ledger.db in the working directory."""
+    monkeypatch.chdir(tmp_path)
+    named = f"sqlite:///{tmp_path}/named.db"
+    invoke(["submit", "node-registered", "--node", "n1"], env={"ALLOC_LEDGER_STORE": named})
+    invoke(["submit", "node-registered", "--node", "n2"], env={"ALLOC_LEDGER_STORE": None})
+
+    assert sorted(p.name for p in tmp_path.iterdir() if p.suffix == ".db") == [
+        "alloc-ledger.db", "named.db"]
+    for env, node in ((named, "n1"), (None, "n2")):
+        found = invoke(["query", "nodes", "--format", "json"], env={"ALLOC_LEDGER_STORE": env})
+        assert [row["node"] for row in json.loads(found.stdout)] == [node]
+
+
+def test_a_stream_shows_its_progress_on_a_terminal(monkeypatch, capsys):
+    """SPEC section 4: a progress bar on a terminal (on stderr, cleared at the end)."""
+    from commands import submit as submitting
+
+    clock = iter(range(100))
+    monkeypatch.setattr(submitting.time, "monotonic", lambda: float(next(clock)))
+    batches = [[(1, Receipt("appended", 1)), (2, Receipt("rejected", 2, "no"))],
+               [(3, Receipt("invalid", None, "bad"))]]
+
+    counts = submitting._print(iter(batches), quiet=True, progress=True)
+
+    shown = capsys.readouterr().err
+    assert "\r2 events, 1 rejected, 0 invalid" in shown
+    assert "\r3 events, 1 rejected, 1 invalid" in shown
+    assert shown.endswith("\r" + " " * 60 + "\r")
+    assert (counts["appended"], counts["rejected"], counts["invalid"]) == (1, 1, 1)
