@@ -148,25 +148,16 @@ class IdsCheck:
     def _one(self) -> str:
         """The first of those ids, by position, to name (read only once the
         index is known to hold some)."""
-        p = self.store.param
-        after: tuple[int, str] | None = None
-        while True:
-            where = f"WHERE (position, id) > ({p}, {p}) " if after else ""
-            self.cursor.execute(
-                f"SELECT position, id FROM event_ids {where}ORDER BY position, id LIMIT {PAGE}",
-                after or ())
-            page = [(row[0], row[1]) for row in self.cursor.fetchall()]  # as kept: SQLite
-            kept = {  # takes a position of text, which no kept event has
+        for page in pages(self.store, self.cursor, "event_ids", "position, id", key=2):
+            kept = {  # positions as kept: SQLite takes text, which no kept event has
                 stored.originator_version: _client_id(stored.state)
                 for stored in self.store.kept_at(
-                    self.cursor, sorted({at for at, _ in page if type(at) is int}))
+                    self.cursor, sorted({row[0] for row in page if type(row[0]) is int}))
             }
             for position, client in page:
                 if kept.get(position) != client:
                     return f" ({client!r} for position {position}, first)"
-            if len(page) < PAGE:
-                return ""
-            after = page[-1]
+        return ""
 
 
 def _client_id(state: bytes) -> object:
@@ -280,25 +271,27 @@ class ChainCheck:
         )
 
 
-def kept_hashes(store: Store, cursor: Any) -> Iterator[tuple[int, str]]:
-    """Every row of ``event_hashes`` in position order, page by page."""
-    after: int | None = None
+def pages(store: Store, cursor: Any, table: str, columns: str, key: int = 1) -> Iterator[list[Any]]:
+    """Every row of a table, ``columns`` of it, a page at a time, in the order
+    of its first ``key`` columns (which tell each row apart)."""
+    listed = ", ".join(columns.split(", ")[:key])
+    marks = ", ".join([store.param] * key)
+    after: tuple[Any, ...] | None = None
     while True:
-        if after is None:
-            cursor.execute(
-                f"SELECT position, hash FROM event_hashes ORDER BY position LIMIT {PAGE}"
-            )
-        else:
-            cursor.execute(
-                "SELECT position, hash FROM event_hashes "
-                f"WHERE position > {store.param} ORDER BY position LIMIT {PAGE}",
-                (after,),
-            )
-        page = [(int(row[0]), str(row[1])) for row in cursor.fetchall()]
-        yield from page
+        where = f"WHERE ({listed}) > ({marks}) " if after else ""
+        cursor.execute(
+            f"SELECT {columns} FROM {table} {where}ORDER BY {listed} LIMIT {PAGE}", after or ())
+        page = cursor.fetchall()
+        yield page
         if len(page) < PAGE:
             return
-        after = page[-1][0]
+        after = tuple(page[-1][:key])
+
+
+def kept_hashes(store: Store, cursor: Any) -> Iterator[tuple[int, str]]:
+    """Every row of ``event_hashes`` in position order, page by page."""
+    for page in pages(store, cursor, "event_hashes", "position, hash"):
+        yield from ((int(row[0]), str(row[1])) for row in page)
 
 
 def rows_beside(store: Store, cursor: Any, head: int) -> Break | None:
