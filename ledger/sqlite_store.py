@@ -27,7 +27,6 @@ from ledger.store import (
     LEDGER_STREAM,
     PROJECTIONS,
     Decider,
-    Kept,
     LoggedEvent,
     decide_here,
     logged,
@@ -87,18 +86,18 @@ def sqlite_missing() -> str | None:
     return None
 
 
-def _holds_ledger(uri: str) -> bool | list[str]:
-    """Whether a file is a ledger (its schema version set), read through a
-    read-only URI of it, or else the tables it holds, if any (another
+def _tables_unless_ledger(uri: str) -> list[str] | None:
+    """None for a ledger (its schema version set), read through a read-only
+    URI of it, else the tables it holds (none: an empty file; some: another
     application's database); a file SQLite cannot read counts as a ledger,
     so that opening it reports why."""
     try:
         with closing(sqlite3.connect(uri, uri=True)) as probe:
             if probe.execute("PRAGMA user_version").fetchone()[0]:
-                return True
-            return _other_tables(probe.cursor()) or False
+                return None
+            return _other_tables(probe.cursor())
     except sqlite3.Error:
-        return True
+        return None
 
 
 def _other_tables(cursor: sqlite3.Cursor) -> list[str]:
@@ -188,10 +187,11 @@ class SQLiteStore:
         # read-only (what a reading command probes, what a reader opens): made once,
         # as it may look at the file system
         reading = self._reading_uri() if exists and (self.read_only or not create) else path
-        holds = exists and _holds_ledger(reading)
-        if not create and isinstance(holds, list):
-            raise not_a_ledger(url, path, holds, "check --store")
-        if not create and not holds:
+        # (a writer's open creates or checks the schema itself: no probe of its own)
+        others = None if create else _tables_unless_ledger(reading) if exists else []
+        if others:
+            raise not_a_ledger(url, path, others, "check --store")
+        if others is not None:
             raise StoreUnavailable(
                 f"cannot open store {url}: there is no ledger at {path} (nothing has been "
                 "submitted to it; check --store)"
@@ -399,7 +399,7 @@ class SQLiteStore:
         cursor.execute(sqlite_writes.KNOWN_IDS, (sqlite_writes.as_json(ids),))
         return {row[0]: row[1] for row in cursor.fetchall()}
 
-    def kept_at(self, cursor: Any, positions: list[int]) -> list[Kept]:
+    def kept_at(self, cursor: Any, positions: list[int]) -> list[LoggedEvent]:
         cursor.execute(
             "SELECT originator_version, topic, COALESCE(CAST(state AS BLOB), x'') FROM stored_events "
             "WHERE originator_id = ? AND originator_version IN (SELECT value FROM json_each(?)) "

@@ -119,7 +119,7 @@ class Store(Protocol):
     def known_ids(self, cursor: Any, ids: list[str]) -> dict[str, int]:
         """Positions of client ids already in the ledger."""
 
-    def kept_at(self, cursor: Any, positions: list[int]) -> list[Kept]:
+    def kept_at(self, cursor: Any, positions: list[int]) -> list[LoggedEvent]:
         """The kept events at some positions (those the log has), in order."""
 
     def write_rows(self, cursor: Any, sql: Any, changed: Any) -> None:
