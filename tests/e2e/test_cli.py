@@ -22,6 +22,7 @@ from typing import Any
 
 import click
 import pytest
+from cli_support import invoke
 from click.testing import CliRunner, Result
 
 from commands.cli import cli
@@ -32,15 +33,6 @@ from ledger.sqlite_store import SCHEMA_VERSION, sqlite_missing
 from projections.queries import COLUMNS
 
 FORMATS = ("table", "json", "jsonl", "csv")
-
-
-def invoke(args: list[str], code: int = 0, input: str | bytes | None = None, **kw: Any) -> Result:
-    """Run the CLI; check the exit code, and that nothing ever shows a traceback."""
-    result = CliRunner().invoke(cli, args, input=input, prog_name="alloc-ledger", **kw)
-    assert result.exit_code == code, result.output
-    assert "Traceback" not in result.output
-    assert result.exception is None or isinstance(result.exception, SystemExit), result.exc_info
-    return result
 
 
 def lines(*events: dict[str, Any]) -> str:
@@ -717,8 +709,6 @@ def test_an_unknown_kind_of_store_exits_3():
         "cannot open store 'mysql://db/ledger': use sqlite:///path/to/ledger.db or "
         "postgresql://user:password@host:port/db",
     )
-
-
 
 
 @pytest.mark.parametrize("there", ["missing", "an empty file"])

@@ -22,18 +22,7 @@ from typing import Any
 
 import click.testing
 import pytest
-from click.testing import CliRunner, Result
-
-from commands.cli import cli
-
-
-def invoke(args: list[str], code: int = 0, input: str | None = None) -> Result:
-    """Run the CLI; check the exit code, and that nothing shows a traceback."""
-    result = CliRunner().invoke(cli, args, input=input, prog_name="alloc-ledger")
-    assert result.exit_code == code, (result.stdout, result.stderr)
-    assert "Traceback" not in result.output
-    assert result.exception is None or isinstance(result.exception, SystemExit), result.exc_info
-    return result
+from cli_support import invoke
 
 
 def lines(*events: dict[str, Any]) -> str:

@@ -6,20 +6,11 @@ import json
 import re
 
 import pytest
-from click.testing import CliRunner, Result
+from cli_support import invoke
 
-from commands.cli import cli
 from commands.stories import EPILOGUE, STORIES, Ask, all_events
 
 WIDE = ("alloc", "rejections", "history")
-
-
-def invoke(args: list[str], code: int = 0, **kwargs) -> Result:
-    result = CliRunner().invoke(cli, args, **kwargs)
-    assert result.exit_code == code, result.output
-    assert "Traceback" not in result.output
-    assert result.exception is None or isinstance(result.exception, SystemExit), result.exc_info
-    return result
 
 
 def squeezed(text: str) -> set[str]:

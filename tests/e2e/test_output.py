@@ -18,9 +18,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from click.testing import CliRunner, Result
+from cli_support import invoke
 
-from commands.cli import cli
 from ledger.application import Ledger
 
 CLI = [sys.executable, "-m", "commands"]
@@ -45,13 +44,6 @@ PRINTING = [  # every command that prints, with arguments it runs with
     ["project"],
     ["demo"],
 ]
-
-
-def invoke(args: list[str], code: int = 0, **kw: Any) -> Result:
-    result = CliRunner().invoke(cli, args, prog_name="alloc-ledger", **kw)
-    assert result.exit_code == code, result.output
-    assert result.exception is None or isinstance(result.exception, SystemExit), result.exc_info
-    return result
 
 
 def run(shell: str, *args: str) -> subprocess.CompletedProcess[str]:

@@ -12,23 +12,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from click.testing import CliRunner, Result
+from cli_support import invoke
 
-from commands.cli import cli
 from ledger.errors import InvalidEvent
 from ledger.events import from_flags, received
 
 PLACED = {"alloc": "a1", "node": "n1"}
 NOT_AN_INTEGER = "Input should be a valid integer"
-
-
-def invoke(args: list[str], code: int = 0) -> Result:
-    """Run the CLI; check the exit code, and that nothing shows a traceback."""
-    result = CliRunner().invoke(cli, args, prog_name="alloc-ledger")
-    assert result.exit_code == code, result.output
-    assert "Traceback" not in result.output
-    assert result.exception is None or isinstance(result.exception, SystemExit), result.exc_info
-    return result
 
 
 def flag_outcome(event_type: str, flags: dict[str, str]) -> tuple[str, Any]:
