@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, NamedTuple
 
 import click
 
@@ -51,8 +51,14 @@ def _point(as_of: str | None) -> AsOf | None:
     return None if as_of is None else AsOf.parse(as_of)
 
 
+class Answering(NamedTuple):
+    queries: Queries
+    position: int | None  # as of which position (None: the live tables)
+    moment: str | None  # as of which time (None: now)
+
+
 @contextmanager
-def answering(ctx: click.Context, as_of: str | None) -> Iterator[tuple[Queries, int | None]]:
+def answering(ctx: click.Context, as_of: str | None) -> Iterator[Answering]:
     """Queries over the live tables, or over history replayed.
 
     On SQLite the tables are always up to date. On PostgreSQL they are as far
@@ -63,8 +69,8 @@ def answering(ctx: click.Context, as_of: str | None) -> Iterator[tuple[Queries, 
     with opened(ctx) as store:
         if point is not None:
             _within_the_log(store, point)
-            connection, position = state_at(store, point)
-            yield Queries(connection.cursor()), position
+            state = state_at(store, point)
+            yield Answering(Queries(state.connection.cursor()), state.position, state.moment)
             return
         if ctx.meta.get("query.wait") or store.state_prefix == "":
             Projector(store).update()
@@ -72,7 +78,7 @@ def answering(ctx: click.Context, as_of: str | None) -> Iterator[tuple[Queries, 
             lag = store.head(cursor) - store.tracked(cursor)
             if lag > 0:  # on stderr in every format: stdout stays the answer
                 click.echo(f"lag: {lag} positions behind the log", err=True)
-            yield Queries(cursor, store.param), None
+            yield Answering(Queries(cursor, store.param), None, None)
 
 
 def _within_the_log(store: Store, point: AsOf) -> None:
@@ -92,24 +98,23 @@ def _named(name: str, help_text: str) -> Callable[[Callable[..., Any]], click.Co
 @_named("needs-reconnect", """Allocations whose last alloc state is unknown (Nomad NeedsToReconnect).
 
     Example: alloc-ledger query needs-reconnect --now 2026-01-01T00:10:00Z""")
-@click.option("--now", help="Time to judge deadlines against (RFC 3339; default: now).")
+@click.option(
+    "--now",
+    help="Time to judge deadlines against (RFC 3339). Default: now; with --as-of, "
+    "the time of that point (its TIMESTAMP, or the latest event time up to its POSITION).",
+)
 def needs_reconnect(ctx: click.Context, as_of: str | None, fmt: str | None, now: str | None) -> None:
-    moment = _parse_now(now)
-    with answering(ctx, as_of) as (q, _):
-        emit(q.needs_reconnect(moment), COLUMNS["needs-reconnect"], fmt)
-
-
-def _parse_now(now: str | None) -> str:
-    if now is None:
-        return timestamp(datetime.now(UTC))
-    return moment_of(now, "--now")
+    given = None if now is None else moment_of(now, "--now")
+    with answering(ctx, as_of) as (q, _, moment):
+        judged = given or moment or timestamp(datetime.now(UTC))
+        emit(q.needs_reconnect(judged), COLUMNS["needs-reconnect"], fmt)
 
 
 @_named("zombie-slots", """Slots a node reports as held although history says otherwise.
 
     Example: alloc-ledger query zombie-slots --format csv""")
 def zombie_slots(ctx: click.Context, as_of: str | None, fmt: str | None) -> None:
-    with answering(ctx, as_of) as (q, _):
+    with answering(ctx, as_of) as (q, _, _):
         emit(q.zombie_slots(), COLUMNS["zombie-slots"], fmt)
 
 
@@ -118,7 +123,7 @@ def zombie_slots(ctx: click.Context, as_of: str | None, fmt: str | None) -> None
     Example: alloc-ledger query slots --node n1""")
 @click.option("--node", help="Only this node.")
 def slots(ctx: click.Context, as_of: str | None, fmt: str | None, node: str | None) -> None:
-    with answering(ctx, as_of) as (q, _):
+    with answering(ctx, as_of) as (q, _, _):
         emit(q.slots(node), COLUMNS["slots"], fmt)
 
 
@@ -126,7 +131,7 @@ def slots(ctx: click.Context, as_of: str | None, fmt: str | None, node: str | No
 
     Example: alloc-ledger query nodes --as-of 120""")
 def nodes(ctx: click.Context, as_of: str | None, fmt: str | None) -> None:
-    with answering(ctx, as_of) as (q, _):
+    with answering(ctx, as_of) as (q, _, _):
         emit(q.nodes(), COLUMNS["nodes"], fmt)
 
 
@@ -143,7 +148,7 @@ def allocs(
     ctx: click.Context, as_of: str | None, fmt: str | None,
     node: str | None, job: str | None, status: str | None,
 ) -> None:
-    with answering(ctx, as_of) as (q, _):
+    with answering(ctx, as_of) as (q, _, _):
         emit(q.allocs(node, job, status), COLUMNS["allocs"], fmt)
 
 
@@ -153,7 +158,7 @@ def allocs(
 @click.argument("alloc_id", metavar="ALLOC")
 def alloc(ctx: click.Context, as_of: str | None, fmt: str | None, alloc_id: str) -> None:
     _named_entity(alloc_id, "ALLOC", "an allocation id")
-    with answering(ctx, as_of) as (q, position):
+    with answering(ctx, as_of) as (q, position, _):
         found = q.alloc(alloc_id)
     with opened(ctx) as store:
         history = history_of(store, alloc_id, position)
@@ -174,7 +179,7 @@ def _named_entity(name: str, hint: str, what: str) -> None:
 
     Example: alloc-ledger query addresses""")
 def addresses(ctx: click.Context, as_of: str | None, fmt: str | None) -> None:
-    with answering(ctx, as_of) as (q, _):
+    with answering(ctx, as_of) as (q, _, _):
         emit(q.addresses(), COLUMNS["addresses"], fmt)
 
 
@@ -182,7 +187,7 @@ def addresses(ctx: click.Context, as_of: str | None, fmt: str | None) -> None:
 
     Example: alloc-ledger query suspects""")
 def suspects(ctx: click.Context, as_of: str | None, fmt: str | None) -> None:
-    with answering(ctx, as_of) as (q, _):
+    with answering(ctx, as_of) as (q, _, _):
         emit(q.suspects(), COLUMNS["suspects"], fmt)
 
 
@@ -190,7 +195,7 @@ def suspects(ctx: click.Context, as_of: str | None, fmt: str | None) -> None:
 
     Example: alloc-ledger query rejections --format jsonl""")
 def rejections(ctx: click.Context, as_of: str | None, fmt: str | None) -> None:
-    with answering(ctx, as_of) as (q, _):
+    with answering(ctx, as_of) as (q, _, _):
         emit(q.rejections(), COLUMNS["rejections"], fmt)
 
 

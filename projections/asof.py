@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import sqlite3
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from ledger.collection import fewer_collections
 from ledger.domain import Cluster
@@ -80,6 +81,14 @@ def rebuild(
     """Replay the log into an in-memory cluster up to a point, starting from
     the nearest checkpoint and keeping new ones every ``every`` positions
     (``every=0``: from scratch, no checkpoints read or kept)."""
+    cluster, progress = replayed(store, point, every)
+    return cluster, progress.position
+
+
+def replayed(
+    store: Store, point: AsOf | None = None, every: int = checkpoints.EVERY
+) -> tuple[Cluster, Progress]:
+    """``rebuild``, with how far it came: the position and the latest ``at``."""
     upto = point.position if point is not None else None
     until = point.at if point is not None else None
     bounded = upto is not None or until is not None
@@ -95,7 +104,7 @@ def rebuild(
             checkpoints.keep(store, cluster, end, progress.max_at)
         if end == upto:
             break
-    return cluster, progress.position
+    return cluster, progress
 
 
 def _next_stop(position: int, every: int, upto: int | None) -> int | None:
@@ -118,6 +127,17 @@ def materialize(cluster: Cluster) -> sqlite3.Connection:
     return connection
 
 
-def state_at(store: Store, point: AsOf) -> tuple[sqlite3.Connection, int]:
-    cluster, position = rebuild(store, point)
-    return materialize(cluster), position
+class Replayed(NamedTuple):
+    """The state at a point of history, in scratch tables."""
+
+    connection: sqlite3.Connection
+    position: int  # the last event applied
+    # The point's time: the TIMESTAMP asked for, or the latest ``at`` up to
+    # the POSITION (None before the first event).
+    moment: str | None
+
+
+def state_at(store: Store, point: AsOf) -> Replayed:
+    cluster, progress = replayed(store, point)
+    moment = point.at if point.at is not None else progress.max_at or None
+    return Replayed(materialize(cluster), progress.position, moment)

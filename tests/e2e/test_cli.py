@@ -994,6 +994,21 @@ def test_needs_reconnect_judges_the_deadline_at_now(small):
     assert [r["expired"] for r in now] == [True]  # the deadline is long gone
 
 
+def test_needs_reconnect_as_of_a_point_judges_the_deadline_at_that_point(small):
+    """An auditor asking what had expired at 00:01:30 gets the answer of
+    00:01:30, not of today (the deadline is 00:02:00); --now still decides."""
+    def expired(*args: str) -> list[bool]:
+        rows = json.loads(invoke(store(small, "query", "needs-reconnect", *args)).stdout)
+        assert [r["alloc"] for r in rows] == ["a1"]
+        return [r["expired"] for r in rows]
+
+    assert expired("--as-of", "2026-01-01T00:01:30Z") == [False]
+    assert expired("--as-of", "2026-01-01T00:02:00Z") == [True]
+    assert expired("--as-of", "5") == [False]  # the latest event time up to 5: 00:01:00
+    assert expired("--as-of", "5", "--now", "2026-01-01T00:02:00Z") == [True]
+    assert expired("--as-of", "2026-01-01T00:01:30Z", "--now", "2026-01-01T00:01:00Z") == [False]
+
+
 def test_addresses_and_slots_tables(small):
     assert invoke(store(small, "query", "addresses", "--format", "table")).stdout == (
         "address   alloc  node  state\n"

@@ -442,7 +442,7 @@ def live_and_replayed(ledger: Ledger, position: int) -> tuple[dict[str, Any], di
 
     with ledger.store.reading() as cursor:
         live = everything(Queries(cursor))
-    connection, replayed_to = state_at(ledger.store, AsOf(position=position))
+    connection, replayed_to, _ = state_at(ledger.store, AsOf(position=position))
     assert replayed_to == position
     return live, everything(Queries(connection.cursor()))
 
