@@ -14,9 +14,17 @@ import sys
 PLUGINS = "PYDANTIC_DISABLE_PLUGINS"
 
 
-def interrupted() -> SystemExit:
+class Interrupted(KeyboardInterrupt):
+    """Ctrl-C, with what a command had done by then (``detail``)."""
+
+    def __init__(self, detail: str) -> None:
+        super().__init__(detail)
+        self.detail = detail
+
+
+def interrupted(detail: str = "") -> SystemExit:
     """Ctrl-C: one line, exit 130, while loading and in a command alike."""
-    sys.stderr.write("Error: interrupted\n")
+    sys.stderr.write(f"Error: interrupted{': ' + detail if detail else ''}\n")
     return SystemExit(130)
 
 

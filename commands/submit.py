@@ -16,6 +16,7 @@ from typing import IO, Any
 import click
 
 from commands.cli import STORE_GOES_FIRST, store_of
+from commands.console import Interrupted
 from commands.output import ClosedStream, json_text, write
 from ledger.application import Ledger, Receipt
 from ledger.errors import InvalidEvent
@@ -298,20 +299,37 @@ def _print(
     counts: Counter[str] = Counter(
         {"appended": 0, "duplicate": 0, "rejected": 0, "invalid": 0, OF_REJECTED: 0})
     shown = time.monotonic()
-    for batch in results:
-        for _, receipt in batch:
-            counts[receipt.status] += 1
-            if receipt.status == "duplicate" and not receipt.ok:
-                counts[OF_REJECTED] += 1
-        _out("" if quiet else "".join(_result_line(n, receipt) for n, receipt in batch), batch)
-        if progress and time.monotonic() - shown > 0.2:
-            shown = time.monotonic()
-            done = sum(counts.values()) - counts[OF_REJECTED]
-            click.echo(f"\r{done} events, {counts['rejected']} rejected, "
-                       f"{counts['invalid']} invalid", err=True, nl=False)
+    reported = 0  # the last line whose result is printed (or counted, with --quiet)
+    try:
+        for batch in results:
+            for _, receipt in batch:
+                counts[receipt.status] += 1
+                if receipt.status == "duplicate" and not receipt.ok:
+                    counts[OF_REJECTED] += 1
+            _out("" if quiet else "".join(_result_line(n, receipt) for n, receipt in batch), batch)
+            reported = batch[-1][0] if batch else reported
+            if progress and time.monotonic() - shown > 0.2:
+                shown = time.monotonic()
+                done = sum(counts.values()) - counts[OF_REJECTED]
+                click.echo(f"\r{done} events, {counts['rejected']} rejected, "
+                           f"{counts['invalid']} invalid", err=True, nl=False)
+    except KeyboardInterrupt:
+        if progress:
+            click.echo("\r" + " " * 60 + "\r", err=True, nl=False)
+        raise Interrupted(_interrupted_after(reported, counts)) from None
     if progress:
         click.echo("\r" + " " * 60 + "\r", err=True, nl=False)
     return counts
+
+
+def _interrupted_after(reported: int, counts: Counter[str]) -> str:
+    """What a submit interrupted (Ctrl-C) had decided and kept."""
+    learn = "resubmit with ids to learn which: kept ones answer duplicate"
+    if not reported:
+        return f"no result was printed before it, yet some lines may be kept ({learn})"
+    tally = ", ".join(f"{n} {status}" for status, n in counts.items() if status != OF_REJECTED)
+    return (f"every line up to {reported} was decided and is kept as decided ({tally}); "
+            f"later ones may be kept too ({learn})")
 
 
 def _out(text: str, batch: list[tuple[int, Receipt]] | None) -> None:

@@ -15,6 +15,7 @@ import signal
 import sqlite3
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from contextlib import closing
 from pathlib import Path
@@ -381,21 +382,40 @@ def test_submit_stdin_through_a_pipe(url):
     assert done.stdout == MIXED_RESULTS
 
 
-def test_ctrl_c_on_a_stream_exits_130_in_one_line_keeping_what_was_reported(url):
+@pytest.mark.parametrize("quiet", [False, True])
+def test_ctrl_c_on_a_stream_exits_130_in_one_line_saying_what_was_kept(url, quiet):
     writer = subprocess.Popen(
-        [sys.executable, "-m", "commands", "--store", url, "submit", "-"],
+        [sys.executable, "-m", "commands", "--store", url, "submit", "-", *(["--quiet"] * quiet)],
         stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )
     assert writer.stdin is not None and writer.stdout is not None
-    writer.stdin.write(lines({"type": "node-registered", "node": "n1"}))
+    writer.stdin.write(lines({"type": "node-registered", "node": "n1"},
+                             {"type": "alloc-removed", "alloc": "a1"}))
     writer.stdin.flush()
-    assert writer.stdout.readline() == result_line(1, "appended", 1)
+    if quiet:  # nothing on stdout until the end: wait until the ledger holds both
+        deadline = time.monotonic() + 60
+        while _head(url) < 2 and time.monotonic() < deadline:
+            time.sleep(0.05)
+    else:
+        assert writer.stdout.readline() == result_line(1, "appended", 1)
+        assert json.loads(writer.stdout.readline())["status"] == "rejected"
 
     writer.send_signal(signal.SIGINT)
-    _, errors = writer.communicate(timeout=60)
+    out, errors = writer.communicate(timeout=60)
 
-    assert (writer.returncode, errors) == (130, "Error: interrupted\n")
+    assert (writer.returncode, out, errors) == (130, "", (
+        "Error: interrupted: every line up to 2 was decided and is kept as decided "
+        "(1 appended, 0 duplicate, 1 rejected, 0 invalid); later ones may be kept too "
+        "(resubmit with ids to learn which: kept ones answer duplicate)\n"))
     assert json.loads(invoke(store(url, "query", "nodes")).stdout)[0]["node"] == "n1"
+
+
+def _head(url: str) -> int:
+    """The head of the log, 0 before the store exists."""
+    path = Path(url[len("sqlite:///"):])
+    if not path.exists():
+        return 0
+    return int(invoke(store(url, "digest")).stdout.split(":")[0] or 0)
 
 
 def test_submit_quiet_prints_only_a_summary(tmp_path, url):
