@@ -11,6 +11,7 @@ import array
 import fcntl
 import os
 import sqlite3
+import stat
 import time
 from collections.abc import Iterator
 from contextlib import closing, contextmanager
@@ -142,6 +143,17 @@ def _unchangeable(path: str) -> bool:
         return False
 
 
+def _writable_by_none(path: str) -> bool:
+    """Whether a file's mode lets no one write it (``chmod a-w``: an
+    auditor's read-only copy). Only a superuser's process could change it;
+    with no WAL file beside it, it holds every committed transaction, so it
+    is read as it is, without making WAL files beside it."""
+    try:
+        return not os.stat(path).st_mode & (stat.S_IWUSR | stat.S_IWGRP | stat.S_IWOTH)
+    except OSError:
+        return False
+
+
 def _busy(error: BaseException | None) -> bool:
     """Whether SQLite refused for a lock (SQLITE_BUSY, SQLITE_LOCKED), here or
     in what caused it."""
@@ -254,6 +266,8 @@ class SQLiteStore:
         if not self.read_only:
             return name
         if _unchangeable(self.path):
+            return name + "&immutable=1"
+        if not os.path.exists(self.path + "-wal") and _writable_by_none(self.path):
             return name + "&immutable=1"
         if not all(os.path.exists(self.path + end) for end in ("-wal", "-shm")):
             raise StoreUnavailable(

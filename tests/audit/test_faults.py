@@ -179,11 +179,13 @@ def test_another_user_s_ledger_is_read_through_its_writer_s_wal_or_refused(
     tmp_path: Path,
 ) -> None:
     """A reader that made the WAL files itself would shut the owner out."""
+    if os.geteuid() != 0:
+        pytest.skip("only root can give a file to another user")
     target = sqlite_store(tmp_path)
     with Ledger.open(target.url) as ledger:
         list(ledger.submit_many(texts(history(60))))
     assert target.path is not None
-    target.path.chmod(0o444)
+    os.chown(target.path, NOBODY, NOBODY)  # its owner may write it (0644); the reader not
     try:
         refused = as_another_user("query", "nodes", url=target.url)
         assert refused.returncode == 3
@@ -202,7 +204,38 @@ def test_another_user_s_ledger_is_read_through_its_writer_s_wal_or_refused(
         finally:
             writer.close()
     finally:
+        os.chown(target.path, 0, 0)
+
+
+NOBODY = 65534
+
+
+@pytest.mark.parametrize("where", ["the file", "the file and its folder"])
+def test_a_ledger_no_one_may_write_is_read_as_it_is(tmp_path: Path, where: str) -> None:
+    """``chmod a-w``: an auditor's read-only copy, read by its owner (who
+    may not write it either), with nothing made beside it."""
+    folder = tmp_path / "evidence"
+    folder.mkdir()
+    target = sqlite_store(folder)
+    with Ledger.open(target.url) as ledger:
+        list(ledger.submit_many(texts(history(60))))
+    expected = {args: run(*args, url=target.url) for args in READING}
+    assert target.path is not None
+    target.path.chmod(0o444)
+    if where != "the file":
+        folder.chmod(0o555)
+    try:
+        answered = {args: as_another_user(*args, url=target.url) for args in READING}
+        submitted = as_another_user("submit", "heartbeat", "--node", "n1", url=target.url)
+    finally:
+        folder.chmod(0o755)
         target.path.chmod(0o644)
+
+    for args, done in answered.items():
+        assert done.returncode == 0, (args, done.stderr)
+        assert timeless(done.stdout) == timeless(expected[args].stdout), args
+    assert submitted.returncode == 3 and "is not writable" in one_line_error(submitted.stderr)
+    assert sorted(p.name for p in folder.iterdir()) == ["ledger.db"]
 
 
 READING = [
