@@ -123,8 +123,21 @@ def zombie_slots(ctx: click.Context, as_of: str | None, fmt: str | None) -> None
     Example: alloc-ledger query slots --node n1""")
 @click.option("--node", help="Only this node.")
 def slots(ctx: click.Context, as_of: str | None, fmt: str | None, node: str | None) -> None:
-    with answering(ctx, as_of) as (q, _, _):
-        emit(q.slots(node), COLUMNS["slots"], fmt)
+    with answering(ctx, as_of) as (q, position, _):
+        found = q.slots(node)
+        if not found:
+            _known(q, position, node=node)
+    emit(found, COLUMNS["slots"], fmt)
+
+
+def _known(q: Queries, position: int | None, node: str | None = None, job: str | None = None) -> None:
+    """A filter naming what the ledger never held is an error, not a quiet
+    empty answer: a mistyped name must not read as "nothing wrong"."""
+    when = "" if position is None else f" at position {position}"
+    if node is not None and not q.has_node(node):
+        raise click.ClickException(f"node {node} is not in the ledger{when}")
+    if job is not None and not q.has_job(job):
+        raise click.ClickException(f"no allocation of job {job} is in the ledger{when}")
 
 
 @_named("nodes", """Nodes with status, health and last heartbeat.
@@ -148,8 +161,11 @@ def allocs(
     ctx: click.Context, as_of: str | None, fmt: str | None,
     node: str | None, job: str | None, status: str | None,
 ) -> None:
-    with answering(ctx, as_of) as (q, _, _):
-        emit(q.allocs(node, job, status), COLUMNS["allocs"], fmt)
+    with answering(ctx, as_of) as (q, position, _):
+        found = q.allocs(node, job, status)
+        if not found:
+            _known(q, position, node=node, job=job)
+    emit(found, COLUMNS["allocs"], fmt)
 
 
 @_named("alloc", """One allocation with its alloc states and its history.

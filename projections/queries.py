@@ -123,6 +123,14 @@ class Queries:
             row["event"] = json.loads(row["event"])
         return rows
 
+    def has_node(self, node: str) -> bool:
+        """Whether the node was ever registered (removed ones too)."""
+        return bool(self._rows(f"SELECT 1 FROM nodes WHERE node = {self.p}", (node,)))
+
+    def has_job(self, job: str) -> bool:
+        """Whether any allocation of the job was ever placed (removed ones too)."""
+        return bool(self._rows(f"SELECT 1 FROM allocations WHERE job = {self.p} LIMIT 1", (job,)))
+
     def _filters(self, **filters: str | None) -> tuple[str, tuple[Any, ...]]:
         used = {k: v for k, v in filters.items() if v is not None}
         if not used:

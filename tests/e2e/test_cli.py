@@ -1042,6 +1042,29 @@ def test_addresses_and_slots_tables(small):
     )
 
 
+@pytest.mark.parametrize("args, error", [
+    (["slots", "--node", "n9"], "node n9 is not in the ledger"),
+    (["allocs", "--node", "n9"], "node n9 is not in the ledger"),
+    (["allocs", "--job", "wbe"], "no allocation of job wbe is in the ledger"),
+    (["allocs", "--node", "n1", "--as-of", "0"], "node n1 is not in the ledger at position 0"),
+    (["allocs", "--job", "web", "--as-of", "2"],
+     "no allocation of job web is in the ledger at position 2"),
+])
+def test_a_filter_naming_what_the_ledger_never_held_is_an_error(small, args, error):
+    result = invoke(store(small, "query", *args), code=1)
+    assert (result.stdout, result.stderr) == ("", f"Error: {error}\n")
+
+
+@pytest.mark.parametrize("args, count", [
+    (["allocs", "--node", "n1", "--status", "failed"], 0),  # n1 is known: none failed
+    (["allocs", "--job", "web", "--status", "complete"], 0),
+    (["allocs", "--node", "n1", "--as-of", "2"], 0),  # registered, nothing placed yet
+    (["slots", "--node", "n1", "--as-of", "1"], 2),
+])
+def test_a_filter_on_what_the_ledger_holds_may_answer_nothing(small, args, count):
+    assert len(json.loads(invoke(store(small, "query", *args)).stdout)) == count
+
+
 def test_an_empty_answer(small):
     assert invoke(store(small, "query", "zombie-slots", "--format", "table")).stdout == "(none)\n"
     assert invoke(store(small, "query", "zombie-slots", "--format", "json")).stdout == "[]\n"
@@ -1194,7 +1217,7 @@ QUERIES = [
     ["nodes"],
     ["allocs"],
     ["allocs", "--node", "n1", "--status", "lost"],
-    ["allocs", "--job", "build"],
+    ["allocs", "--job", "web", "--status", "failed"],
     ["alloc", "a1"],
     ["alloc", "t1"],
     ["addresses"],
@@ -1282,7 +1305,7 @@ def test_the_stories_store_answers_every_question_with_rows(stories):
     ]
     assert empty == [
         ["needs-reconnect", "--now", "2026-03-02T09:03:00Z"],
-        ["allocs", "--job", "build"],
+        ["allocs", "--job", "web", "--status", "failed"],
         ["suspects"],
     ]
 
