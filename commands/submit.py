@@ -87,6 +87,8 @@ def submit(ctx: click.Context, source: str, quiet: bool, batch: int) -> None:
         stream = _open(source)
         with Ledger.open(store_of(ctx)) as ledger:
             counts = _print(_stream(ledger, stream, batch), quiet, sys.stderr.isatty())
+        if not any(counts.values()):  # a producer that died before writing looks like this
+            click.echo(f"no events in {'stdin' if source == '-' else source}", err=True)
     if quiet:
         _out(json.dumps(dict(counts)) + "\n", None)
     if counts["rejected"] or counts["invalid"] or counts[OF_REJECTED]:

@@ -427,6 +427,24 @@ def test_submit_quiet_prints_only_a_summary(tmp_path, url):
     assert result.stdout == '{"appended": 2, "duplicate": 1, "rejected": 2, "invalid": 3, "duplicate_of_rejected": 1}\n'
 
 
+@pytest.mark.parametrize("quiet", [False, True])
+@pytest.mark.parametrize("text", ["", "\n  \n"])
+def test_a_stream_without_events_says_so_on_stderr(tmp_path, url, quiet, text):
+    """A producer that died before writing anything must not look like a
+    quiet success: exit 0 (nothing was refused), and one line on stderr."""
+    source = tmp_path / "empty.jsonl"
+    source.write_text(text)
+    flags = ["--quiet"] * quiet
+    summary = ('{"appended": 0, "duplicate": 0, "rejected": 0, "invalid": 0, '
+               '"duplicate_of_rejected": 0}\n') if quiet else ""
+
+    from_file = invoke(store(url, "submit", str(source), *flags))
+    from_stdin = invoke(store(url, "submit", "-", *flags), input=text)
+
+    assert (from_file.stdout, from_file.stderr) == (summary, f"no events in {source}\n")
+    assert (from_stdin.stdout, from_stdin.stderr) == (summary, "no events in stdin\n")
+
+
 def test_submit_quiet_exits_0_when_everything_was_appended(tmp_path, url):
     source = tmp_path / "events.jsonl"
     source.write_text(lines(*SMALL))
