@@ -8,8 +8,9 @@ tries, until the store answers; then it goes on from the tracking position,
 which its last committed transaction recorded, so nothing is applied twice
 or skipped; the waits start again from 1 s once the tables have moved on.
 Only the first open fails at once (exit 3): a mistyped URL is not an outage.
-Like ``project``, a follower creates the store when it starts; reopening, it
-only opens one that holds a ledger.
+Like ``project``, a follower creates a PostgreSQL store when it starts (a
+SQLite file only a submit makes); reopening, it only opens one that holds a
+ledger.
 ``--no-reconnect`` exits 3 on the first loss instead, for a supervisor that
 restarts it.
 """
@@ -52,16 +53,18 @@ def follow(
     reconnect: bool = True,
     opener: Callable[[str, bool], Ledger] | None = None,
     sleep: Callable[[float], None] = time.sleep,
+    create: bool = True,
 ) -> None:
     """Keep the tables current until interrupted (Ctrl-C or SIGTERM).
 
-    ``opener(url, create)`` opens the ledger: at the start it may create the
-    store, as ``project`` does; after a loss only one that holds a ledger (a
-    schema dropped meanwhile is not made anew, empty). ``sleep`` waits
-    between tries to reopen it."""
+    ``opener(url, create)`` opens the ledger: at the start it creates the
+    store if ``create`` says so, as ``project`` does; after a loss only one
+    that holds a ledger (a schema dropped meanwhile is not made anew, empty).
+    ``sleep`` waits between tries to reopen it."""
     stopping = signal.signal(signal.SIGTERM, _interrupt)  # a service manager's stop too
     try:
-        _keep_following(url, batch, poll, reconnect, opener or Ledger.open, Backoff(sleep))
+        _keep_following(
+            url, batch, poll, reconnect, opener or Ledger.open, Backoff(sleep), create)
     finally:
         signal.signal(signal.SIGTERM, stopping)
 
@@ -86,9 +89,9 @@ class Backoff:
 
 def _keep_following(
     url: str, batch: int, poll: float, reconnect: bool,
-    opener: Callable[[str, bool], Ledger], backoff: Backoff,
+    opener: Callable[[str, bool], Ledger], backoff: Backoff, create: bool = True,
 ) -> None:
-    opened = opener(url, True)
+    opened = opener(url, create)
     ledger: Ledger | None = opened  # None while the store is lost
     resumed = False
     try:

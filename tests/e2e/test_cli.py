@@ -617,6 +617,8 @@ READING = [
     ["digest"],
     ["replay"],
     ["audit"],
+    ["project"],  # on SQLite submits keep the tables current: nothing to make
+    ["project", "--follow"],
 ]
 
 
