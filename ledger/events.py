@@ -285,12 +285,23 @@ def describe(error: ValidationError, tagged: bool = True) -> str:
             parts.append(f"field '{field}': must not start or end with white space or an invisible character")
         elif kind == "string_pattern_mismatch":
             parts.append(f"field '{field}': must not contain '#' (it separates node and slot)")
+        elif kind in ("bool_type", "bool_parsing"):
+            parts.append(f"field '{field}': must be true or false (JSON), not {_shown(item)}")
         elif kind in ("model_type", "dict_type", "model_attributes_type") and not field:
             parts.append("an event must be a JSON object")
         else:
             msg = item["msg"].replace("Value error, ", "")
             parts.append(f"field '{field}': {msg}" if field else msg)
     return "; ".join(parts)
+
+
+def _shown(item: Any) -> str:
+    """A wrong value as JSON writes it, cut short."""
+    try:
+        text = json.dumps(item.get("input"), ensure_ascii=False)
+    except (TypeError, ValueError):
+        text = repr(item.get("input"))
+    return text if len(text) <= 40 else text[:37] + "..."
 
 
 def _json_problem(text: str | bytes) -> str:

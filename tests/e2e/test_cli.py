@@ -194,7 +194,7 @@ def test_submit_a_rejected_event_exits_1_with_the_reason(url):
         (["node-registered", "--node", "n1", "--slots", "two"],
          "field 'slots': Input should be a valid integer"),
         (["health-checked", "--node", "n1", "--passed", "maybe"],
-         "field 'passed': Input should be a valid boolean"),
+         "field 'passed': must be true or false (JSON), not \"maybe\""),
     ],
     ids=["unknown-field", "missing-field", "wrong-type", "not-a-bool"],
 )

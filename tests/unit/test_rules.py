@@ -145,7 +145,7 @@ INVALID = [
     pytest.param({"type": "node-registered", "node": "n2", "slots": "2"},
                  "field 'slots': Input should be a valid integer", id="wrong-type-int"),
     pytest.param({"type": "health-checked", "node": "n1", "passed": "yes"},
-                 "field 'passed': Input should be a valid boolean", id="wrong-type-bool"),
+                 "field 'passed': must be true or false (JSON), not \"yes\"", id="wrong-type-bool"),
     pytest.param({"type": "alloc-placed", "alloc": "a2", "node": "n1", "addresses": "10.0.0.9"},
                  "field 'addresses': Input should be a valid array", id="wrong-type-list"),
     pytest.param({"type": "alloc-placed", "alloc": "a2"}, "missing field 'node'",
