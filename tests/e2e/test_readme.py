@@ -4,8 +4,11 @@ for reporting tools runs as written on both stores."""
 from __future__ import annotations
 
 import json
+import os
 import re
 import sqlite3
+import subprocess
+import sys
 import uuid
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
@@ -148,3 +151,27 @@ def test_the_readme_s_table_of_differing_sql_means_the_same_on_both_stores(two_s
         if "current time" in purpose:
             assert ("late",) in lite and ("waiting",) not in lite
     assert len(differing) == len(asked)
+
+
+# -- the usage block runs as written --------------------------------------------------
+
+
+def test_the_usage_block_runs_as_pasted_into_a_shell(tmp_path: Path) -> None:
+    """The README's first shell block under Usage, in an empty folder, with
+    this environment's ``alloc-ledger`` on the PATH: every command exits 0."""
+    text = README.read_text(encoding="utf-8")
+    usage = text[text.index("## Usage"):]
+    block = usage.split("```sh\n", 1)[1].split("\n```", 1)[0]
+    bin_dir = Path(sys.executable).parent
+    if not (bin_dir / "alloc-ledger").exists():
+        pytest.skip(f"no alloc-ledger console script beside {sys.executable} (not installed)")
+    env = {k: v for k, v in os.environ.items() if k != "ALLOC_LEDGER_STORE"}
+    env["PATH"] = f"{bin_dir}{os.pathsep}{env.get('PATH', '')}"
+    done = subprocess.run(["bash", "-e", "-c", block], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=120, check=False)
+
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stderr == ""
+    results = [json.loads(line) for line in done.stdout.splitlines()[:13]]
+    assert [r["status"] for r in results] == ["appended"] * 5 + ["duplicate"] * 5 + ["appended"] * 3
+    assert '"unknown_since_position": 5' in done.stdout  # needs-reconnect answers a1
