@@ -46,6 +46,7 @@ def history(store: Store, entity: str, upto: int | None = None) -> list[dict[str
                 "type": record.event["type"],
                 "status": "rejected" if record.rejected else "appended",
                 "at": record.event["at"],
+                "recorded_at": record.recorded_at,
                 "reason": record.reason,
                 "event": record.event,
             }

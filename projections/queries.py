@@ -27,7 +27,7 @@ COLUMNS: dict[str, tuple[str, ...]] = {
     "addresses": ("address", "alloc", "node", "state"),
     "suspects": ("node", "health", "status", "reason", "since_position", "lost_allocs"),
     "rejections": ("position", "type", "entity", "reason", "event"),
-    "history": ("position", "type", "status", "at", "reason", "event"),
+    "history": ("position", "type", "status", "at", "recorded_at", "reason", "event"),
 }
 
 

@@ -18,6 +18,7 @@ from typing import IO, Any
 
 import pytest
 
+from ledger.application import Ledger
 from scripts.simulate import generate
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -187,6 +188,8 @@ def test_project_applies_in_batches_and_reports_the_span(pg_url, alloc_ledger, t
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
 def test_follow_on_sqlite_polls_and_stops_cleanly(tmp_path, sig):
     url = f"sqlite:///{tmp_path}/l.db"
+    with Ledger.open(url) as ledger:  # on SQLite only a submit makes the store
+        assert ledger.submit({"type": "node-registered", "node": "n1"}).status == "appended"
     follower = Follower(url, batch=10)
 
     code, errors = follower.stop(sig)
