@@ -235,7 +235,7 @@ def end_stalled(connection: psycopg.Connection[Any], lease: float) -> None:
             connection.execute("SELECT pg_terminate_backend(%s)", (pid,))
 
 
-def connection_lost(error: BaseException) -> bool:
+def connection_lost(error: BaseException | None) -> bool:
     """Whether the connection broke or the server ended the session (an
     administrator, a shutdown, a crash): not an error that rolled back a
     transaction, which the server reports and carries on."""

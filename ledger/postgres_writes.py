@@ -180,7 +180,8 @@ class LogRecorder(PostgresProcessRecorder):
         # The library's lock (``_lock_table``) without the ``SET LOCAL
         # lock_timeout`` it sends first (the datastore's: none): the store
         # bounds the wait itself (``PostgresStore.lock_log``).
-        self.lock_statement = self.lock_table_statements[-1].as_string(None)
+        lock = self.lock_table_statements[-1]
+        self.lock_statement = lock.as_string(None) if isinstance(lock, sql.Composable) else str(lock)
 
 
 INSERT_HASHES = f"INSERT INTO event_hashes (position, hash) SELECT * FROM {rows_of(['bigint', 'text'])} r"

@@ -55,7 +55,7 @@ def upsert(prefix: str, table: str, columns: str, keys: str) -> str:
     )
 
 
-def as_json(rows: Rows) -> bytes:
+def as_json(rows: Sequence[Any]) -> bytes:
     """The parameter of a statement of this module."""
     return orjson.dumps(rows)
 

@@ -15,7 +15,7 @@ from contextlib import AbstractContextManager
 from functools import partial
 from typing import Any, NamedTuple, Protocol
 from urllib.parse import unquote, urlsplit
-from uuid import NAMESPACE_URL, uuid5
+from uuid import NAMESPACE_URL, UUID, uuid5
 
 from eventsourcing.persistence import StoredEvent
 
@@ -76,6 +76,10 @@ class Store(Protocol):
     state_prefix: str  # tables the writer decides against ("" = the projection tables)
     projects_inline: bool  # whether writers also keep the projection tables
     overlaps: bool  # whether ``submit_batches`` decides a batch while the last one commits
+
+    @property
+    def stream(self) -> UUID | str:
+        """The log's one stream: its rows' ``originator_id``, as the store's driver binds it."""
 
     def decide(self, batch: list[dict[str, Any]], decider: Decider) -> list[Receipt]:
         """Have ``decider.decide(cursor, batch)`` run in a write transaction and
