@@ -124,13 +124,7 @@ def test_a_read_only_store_exits_3_and_keeps_its_log(tmp_path: Path) -> None:
 @pytest.mark.parametrize("where", ["the file", "the file and its folder"])
 def test_reading_commands_read_a_ledger_no_process_may_change(tmp_path: Path, where: str) -> None:
     """An auditor's copy that no process may change (read-only media)."""
-    folder = tmp_path / "evidence"
-    folder.mkdir()
-    target = sqlite_store(folder)
-    with Ledger.open(target.url) as ledger:
-        list(ledger.submit_many(texts(history(60))))
-    expected = {args: run(*args, url=target.url) for args in READING}
-    assert all(done.returncode == 0 for done in expected.values())
+    folder, target, expected = evidence(tmp_path)
     kept = target.path.read_bytes()  # type: ignore[union-attr]
 
     with unchangeable(target.path), (  # type: ignore[arg-type]
@@ -139,9 +133,7 @@ def test_reading_commands_read_a_ledger_no_process_may_change(tmp_path: Path, wh
         replayed = run("replay", url=target.url)
         submitted = run("submit", "heartbeat", "--node", "n1", url=target.url)
 
-    for args, done in answered.items():
-        assert done.returncode == 0, (args, done.stderr)
-        assert timeless(done.stdout) == timeless(expected[args].stdout), args
+    answered_as_before(answered, expected)
     assert replayed.returncode == 3
     assert one_line_error(replayed.stderr).endswith(
         "is not writable, and this command writes into the store "
@@ -150,6 +142,29 @@ def test_reading_commands_read_a_ledger_no_process_may_change(tmp_path: Path, wh
     assert target.path.read_bytes() == kept  # type: ignore[union-attr]
     if where != "the file":  # and nothing made beside it, where nothing may be
         assert [p.name for p in folder.iterdir()] == ["ledger.db"]
+
+
+Answers = dict[tuple[str, ...], Any]
+
+
+def evidence(tmp_path: Path) -> tuple[Path, StoreUnderTest, Answers]:
+    """A folder holding a ledger of 60 events, the ledger, and what each
+    reading command answers while it may still be written."""
+    folder = tmp_path / "evidence"
+    folder.mkdir()
+    target = sqlite_store(folder)
+    with Ledger.open(target.url) as ledger:
+        list(ledger.submit_many(texts(history(60))))
+    expected = {args: run(*args, url=target.url) for args in READING}
+    assert all(done.returncode == 0 for done in expected.values())
+    return folder, target, expected
+
+
+def answered_as_before(answered: Answers, expected: Answers) -> None:
+    """Each reading command answered, and as it did before the file was locked."""
+    for args, done in answered.items():
+        assert done.returncode == 0, (args, done.stderr)
+        assert timeless(done.stdout) == timeless(expected[args].stdout), args
 
 
 def timeless(printed: bytes) -> Any:
@@ -214,12 +229,7 @@ NOBODY = 65534
 def test_a_ledger_no_one_may_write_is_read_as_it_is(tmp_path: Path, where: str) -> None:
     """``chmod a-w``: an auditor's read-only copy, read by its owner (who
     may not write it either), with nothing made beside it."""
-    folder = tmp_path / "evidence"
-    folder.mkdir()
-    target = sqlite_store(folder)
-    with Ledger.open(target.url) as ledger:
-        list(ledger.submit_many(texts(history(60))))
-    expected = {args: run(*args, url=target.url) for args in READING}
+    folder, target, expected = evidence(tmp_path)
     assert target.path is not None
     target.path.chmod(0o444)
     if where != "the file":
@@ -231,9 +241,7 @@ def test_a_ledger_no_one_may_write_is_read_as_it_is(tmp_path: Path, where: str) 
         folder.chmod(0o755)
         target.path.chmod(0o644)
 
-    for args, done in answered.items():
-        assert done.returncode == 0, (args, done.stderr)
-        assert timeless(done.stdout) == timeless(expected[args].stdout), args
+    answered_as_before(answered, expected)
     assert submitted.returncode == 3 and "is not writable" in one_line_error(submitted.stderr)
     assert sorted(p.name for p in folder.iterdir()) == ["ledger.db"]
 
