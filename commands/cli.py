@@ -27,13 +27,19 @@ class StoreError(click.ClickException):
 
 MODULES = ("submit", "query", "admin", "audit", "demo")
 WORDS = "alloc_ledger.words"
-# Where the commands run one-shot by tools live, so only that module is imported.
+# Where each command lives, so a command imports only its own module (help
+# and a mistyped command load them all).
 HOME = {
     "submit": "submit",
     "query": "query",
     "project": "admin",
     "schema": "admin",
     "grant-reporting": "admin",
+    "replay": "audit",
+    "verify": "audit",
+    "digest": "audit",
+    "audit": "audit",
+    "demo": "demo",
 }
 
 

@@ -315,6 +315,42 @@ def test_submit_stdin(url):
     assert result.stdout == MIXED_RESULTS
 
 
+def test_every_command_is_found_in_its_own_module_alone():
+    """``HOME`` names each command's module, so running one imports no other."""
+    import importlib
+
+    from commands.cli import HOME, MODULES
+
+    homes = {
+        command.name: name
+        for name in MODULES
+        for command in importlib.import_module(f"commands.{name}").COMMANDS
+    }
+    assert HOME == homes
+
+
+IMPORTED = """
+import sys
+from commands import console
+sys.argv = ["alloc-ledger", *sys.argv[1:]]
+try:
+    console.main()
+except SystemExit:
+    pass
+print(sorted(m for m in sys.modules if m.startswith("commands.")), file=sys.stderr)
+"""
+
+
+@pytest.mark.parametrize("command", [["digest"], ["verify"], ["query", "nodes"]], ids=" ".join)
+def test_a_reading_command_imports_only_its_own_module(small, command):
+    done = subprocess.run([sys.executable, "-c", IMPORTED, *store(small, *command)],
+                          capture_output=True, text=True, timeout=60, check=False)
+    assert done.returncode == 0, done.stderr
+    home = "commands.audit" if command[0] != "query" else "commands.query"
+    assert done.stderr.strip().splitlines()[-1] == str(sorted(
+        {"commands.cli", "commands.console", "commands.output", home}))
+
+
 class InterruptedImport:
     """A finder that is Ctrl-C'd while the command line's module is loading."""
 
