@@ -25,6 +25,17 @@ class MadeByNewer(StoreUnavailable):
         )
 
 
+class LogEndsEarly(LedgerError):
+    """The log ended before the head it had when a catch-up began: its last
+    events were deleted meanwhile. Nothing after ``end`` is taken as applied."""
+
+    def __init__(self, end: int, head: int) -> None:
+        super().__init__(
+            f"the log ends at position {end}, before its head {head} when this began: "
+            "its last events were deleted; alloc-ledger verify checks whether the log was edited"
+        )
+
+
 class BadOption(LedgerError):
     """A value of a command-line option the ledger cannot use (a time without
     a zone, a position the log does not hold): a usage error of ``option``."""

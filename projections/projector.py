@@ -13,6 +13,7 @@ from typing import Any
 
 from ledger.collection import fewer_collections
 from ledger.domain import Cluster
+from ledger.errors import LogEndsEarly
 from ledger.records import Progress, replay_log
 from ledger.store import Store
 from projections.rows import Statements, TableSource, changed_rows
@@ -60,8 +61,8 @@ class Projector:
             before = progress.position
             replay_log(self.cluster, itertools.islice(log, PAGE), progress)
             self.store.write_rows(cursor, self.sql, changed_rows(self.cluster.take_changes()))
-            if progress.position == before:
-                break  # the log ended early
+            if progress.position == before:  # nothing applied is ever tracked as applied
+                raise LogEndsEarly(before, head)
         self.store.track(cursor, head)
         self.cluster.forget()
         return head
