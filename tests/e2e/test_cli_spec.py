@@ -430,7 +430,9 @@ def test_history_of_an_address_lists_a_refused_early_removal_of_its_holder(clust
     cluster.ready_node("n1", slots=1)  # 1, 2
     cluster.place("t1", "n1", addresses=["10.0.0.5", "10.0.0.6"])  # 3
     cluster.report("t1", "running")  # 4
-    removal = cluster.refused("alloc-removed", alloc="t1")  # 5
+    removal = ("allocation t1 is running; removing it now would free 10.0.0.5 and 10.0.0.6 "
+               "before it shuts down")
+    assert cluster.refused("alloc-removed", alloc="t1") == removal  # 5
 
     assert history(cluster, "10.0.0.5") == history(cluster, "10.0.0.6") == [
         (3, "alloc-placed", "appended", None),

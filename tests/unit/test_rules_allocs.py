@@ -326,10 +326,11 @@ def test_a_node_that_is_gone_may_not_update_its_allocations(cluster, event):
     cluster.ready_node("n1")
     cluster.running("a1", "n1")
     cluster.happens(event, node="n1")
-    status = cluster.status("n1")
+    status = {"node-down": "down", "node-removed": "removed"}[event]
 
     reason = cluster.refused("alloc-updated", alloc="a1", client_status="running")
 
+    assert cluster.status("n1") == status
     assert reason == f"node n1 is not allowed to update allocs while in status {status}"
     assert cluster.alloc("a1")["client_status"] == "lost"
 
