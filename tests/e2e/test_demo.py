@@ -70,7 +70,6 @@ KEY_ANSWERS = {
         "-> slot tm1#0 is already held by allocation f1",
         "-> allocation f1 already holds slot tm1#0",
         "tm1 0 f1 released 25",
-        "tm1 0 f1 released 25",
         "tm1 2 f9 unknown-alloc 26",
         "tm1 3 f3 moved 26",
         "tm1 4 f2 duplicate 26",

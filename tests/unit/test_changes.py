@@ -14,7 +14,8 @@ def _cluster_with(*names: str) -> Cluster:
     for position, name in enumerate(names, 1):
         cluster.apply({"type": "node-registered", "node": name, "slots": 1}, Fact(position, "t0"))
         cluster.apply({"type": "heartbeat", "node": name}, Fact(position + 100, "t0"))
-    assert all(node.status == "ready" for node in cluster.take_changes().nodes)
+    assert [(node.node, node.status) for node in cluster.take_changes().nodes] == [
+        (name, "ready") for name in names]
     return cluster
 
 
@@ -36,7 +37,10 @@ def test_a_status_change_with_the_heartbeat_writes_the_whole_row():
 
     cluster.apply({"type": "heartbeat", "node": "n1"}, Fact(3, "t2"))  # down -> ready
 
-    assert cluster.take_changes().beats == set()
+    changes = cluster.take_changes()
+    assert [(n.node, n.status, n.last_heartbeat_position) for n in changes.nodes] == [
+        ("n1", "ready", 3)]
+    assert changes.beats == set()  # the whole row, not only its heartbeat columns
 
 
 def test_another_change_after_a_heartbeat_in_the_same_batch_writes_the_whole_row():
