@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import os
+import shutil
 from typing import Any
 
+import pytest
 from click.testing import CliRunner, Result
 
 from commands.cli import cli
@@ -17,3 +20,19 @@ def invoke(args: list[str], code: int = 0, input: str | bytes | None = None, **k
     assert "Traceback" not in result.output
     assert result.exception is None or isinstance(result.exception, SystemExit), result.exc_info
     return result
+
+
+# Root without the capabilities that let it read and write any file: a user
+# whom file modes bind, for tests of unreadable or read-only stores (CI runs as root).
+WITHOUT_OVERRIDE = ["setpriv", "--inh-caps=-dac_override,-dac_read_search",
+                    "--bounding-set=-dac_override,-dac_read_search"]
+
+
+def bound_by_file_modes(argv: list[str]) -> list[str]:
+    """A command line run by a user whom file modes bind: this one, or root
+    without the capabilities to override them."""
+    if os.geteuid() != 0:
+        return argv
+    if not shutil.which("setpriv"):
+        pytest.skip("running as root without setpriv: cannot run as a user file modes bind")
+    return [*WITHOUT_OVERRIDE, *argv]

@@ -12,7 +12,6 @@ projection tables with plain SQL, as a reporting tool would (the standard
 
 from __future__ import annotations
 
-import os
 import sqlite3
 import uuid
 from collections import Counter
@@ -21,14 +20,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from pg_support import postgres_or_skip
 
 from ledger.application import Ledger, Receipt
 
 PROJECTIONS = ("nodes", "slots", "allocations", "alloc_states", "addresses")
-
-
-PG_ENV = "ALLOC_LEDGER_TEST_PG"
-NO_PG = f"{PG_ENV} is not set (e.g. postgresql://postgres@127.0.0.1:5432/test)"
 
 
 def pytest_terminal_summary(terminalreporter: Any) -> None:
@@ -40,15 +36,6 @@ def pytest_terminal_summary(terminalreporter: Any) -> None:
         reasons[text.removeprefix("Skipped: ")] += 1
     for reason, count in sorted(reasons.items(), key=lambda item: -item[1]):
         terminalreporter.write_line(f"skipped {count}: {reason}")
-
-
-def postgres_or_skip() -> str:
-    dsn = os.environ.get(PG_ENV)
-    if not dsn:
-        if os.environ.get("ALLOC_LEDGER_REQUIRE_PG"):
-            pytest.fail(f"{PG_ENV} is not set, and ALLOC_LEDGER_REQUIRE_PG says it must be")
-        pytest.skip(NO_PG)
-    return dsn
 
 
 class SQLiteReader:

@@ -23,10 +23,11 @@ ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))  # for scripts.simulate
 
+from pg_support import pg_dsn
+
 from scripts.simulate import generate
 
-PG = os.environ.get("ALLOC_LEDGER_TEST_PG")
-NO_PG = "ALLOC_LEDGER_TEST_PG is not set (e.g. postgresql://postgres@127.0.0.1:5432/test)"
+PG = pg_dsn()
 SCRIPT = Path(sys.executable).parent / "alloc-ledger"
 CLI = [str(SCRIPT)] if SCRIPT.exists() else [sys.executable, "-m", "commands"]
 

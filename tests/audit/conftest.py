@@ -8,7 +8,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from audit_support import NO_PG, PG, StoreUnderTest, pg_url, sqlite_store
+from audit_support import PG, StoreUnderTest, pg_url, sqlite_store
+from pg_support import postgres_or_skip
 
 
 @pytest.fixture
@@ -18,8 +19,7 @@ def sqlite_under_test(tmp_path: Path) -> StoreUnderTest:
 
 @pytest.fixture
 def pg_under_test() -> Iterator[StoreUnderTest]:
-    if not PG:
-        pytest.skip(NO_PG)
+    postgres_or_skip()
     import psycopg
 
     schema = f"audit_{uuid.uuid4().hex[:12]}"

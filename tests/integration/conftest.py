@@ -24,30 +24,15 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from pg_support import pg_dsn, postgres_or_skip
 
 from ledger.application import Ledger
 from ledger.store import open_store
 from projections import tables
 from projections.asof import materialize, rebuild
 
-PG_ENV = "ALLOC_LEDGER_TEST_PG"
 ROOT = Path(__file__).resolve().parents[2]
 CLI = [sys.executable, "-m", "commands"]
-SKIP_PG = "ALLOC_LEDGER_TEST_PG is not set (e.g. postgresql://postgres@127.0.0.1:5432/test)"
-
-
-def pg_dsn() -> str | None:
-    return os.environ.get(PG_ENV) or None
-
-
-def without_pg() -> None:
-    """Skip the PostgreSQL half, or fail it where it must run (CI sets
-    ``ALLOC_LEDGER_REQUIRE_PG=1``)."""
-    if os.environ.get("ALLOC_LEDGER_REQUIRE_PG"):
-        pytest.fail(f"{PG_ENV} is not set, and ALLOC_LEDGER_REQUIRE_PG says PostgreSQL must be tested")
-    pytest.skip(SKIP_PG)
-
-
 def with_option(url: str, option: str) -> str:
     return f"{url}{'&' if '?' in url else '?'}{option}"
 
@@ -64,8 +49,7 @@ def admin_connection() -> Any:
 @pytest.fixture
 def pg_schema() -> Iterator[str]:
     """A fresh, unique schema name in the test database, dropped afterwards."""
-    if pg_dsn() is None:
-        without_pg()
+    postgres_or_skip()
     name = f"t_{uuid.uuid4().hex[:16]}"
     yield name
     with admin_connection() as connection:
@@ -197,7 +181,6 @@ def project_fixture() -> Callable[[str], None]:
 
 @pytest.fixture
 def pg_admin() -> Callable[[str], list[tuple[Any, ...]]]:
-    if pg_dsn() is None:
-        without_pg()
+    postgres_or_skip()
     return run_admin
 

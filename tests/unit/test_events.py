@@ -9,6 +9,7 @@ import re
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
+import jsonschema  # a test dependency: its absence is a broken install, not a skip
 import orjson
 import pytest
 from hypothesis import example, given, settings
@@ -368,7 +369,6 @@ def test_a_standard_validator_with_format_checking_agrees_with_submit(event: dic
 
 def schema_validator() -> Any:
     """A standard validator of the published schema, its draft's format checks on."""
-    jsonschema = pytest.importorskip("jsonschema")
     schema = json_schema()
     validator = jsonschema.validators.validator_for(schema)
     assert validator is jsonschema.Draft202012Validator
@@ -378,7 +378,6 @@ def schema_validator() -> Any:
 def test_the_schema_takes_1_0_for_an_integer_where_submit_refuses_it() -> None:
     """JSON Schema counts 1.0 an integer; submit is strict and says so in
     the schema's description."""
-    jsonschema = pytest.importorskip("jsonschema")
     event = {"type": "node-registered", "node": "n1", "slots": 1.0}
 
     assert jsonschema.Draft202012Validator(json_schema()).is_valid(event)

@@ -8,9 +8,7 @@ import time
 
 import pytest
 
-pytest.importorskip("psycopg")
-
-from ledger.postgres_handoff import Unanswered, Watchdog
+from ledger.postgres_handoff import Unanswered, Watchdog  # psycopg: a test dependency
 
 
 class Connection:
