@@ -6,7 +6,7 @@ end it. When the store becomes unreachable it says so on stderr, closes the
 ledger, and opens it again after 1 s, then 2, 4, ... up to 30 s between
 tries, until the store answers; then it goes on from the tracking position,
 which its last committed transaction recorded, so nothing is applied twice
-or skipped; the waits start again from 1 s once the tables have moved on.
+or skipped; the waits start again from 1 s once a catch-up has committed.
 Only the first open fails at once (exit 3): a mistyped URL is not an outage.
 Like ``project``, a follower creates a PostgreSQL store when it starts (a
 SQLite file only a submit makes); reopening, it only opens one that holds a
@@ -71,8 +71,9 @@ def follow(
 
 class Backoff:
     """The waits between tries to reopen a lost store: 1 s, doubling to 30 s,
-    from 1 s again once the tables have moved on (not merely once it opens:
-    a store that opens and fails again is still lost)."""
+    from 1 s again once a catch-up has committed, whether or not there was
+    anything to apply (not merely once it opens: a store that opens and
+    fails again is still lost)."""
 
     def __init__(self, sleep: Callable[[float], None]) -> None:
         self.sleep = sleep

@@ -1,6 +1,6 @@
 """``project --follow`` through a lost store (``commands.follower``): it warns,
 waits 1 s, then 2, 4, ... at most 30 s between tries to reopen, starts again
-from 1 s once the tables have moved on, and goes on where the tracking
+from 1 s once a catch-up has committed, and goes on where the tracking
 position says. The store is a real SQLite ledger behind fakes of the same
 interfaces that lose it on cue; the clock is a fake. The real loss, on
 PostgreSQL, is in ``tests/integration/test_follow.py``.
@@ -111,7 +111,7 @@ def test_a_lost_store_is_reopened_after_waits_that_double_up_to_30_s(url, capsys
     assert lines == [{"following": True, "lag": 0}, {"stopped": True, "lag": None}]
 
 
-def test_the_waits_start_again_at_1_s_once_the_tables_have_moved_on(url, capsys):
+def test_the_waits_start_again_at_1_s_once_a_catch_up_has_committed(url, capsys):
     opener = Opener(2, "refuse", 2, "refuse", "refuse")
     clock = Clock(waits=4)
 
