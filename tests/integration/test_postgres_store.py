@@ -321,12 +321,23 @@ def test_an_unknown_role_is_exit_3_in_one_line_without_showing_its_password(
     assert "no_such_role:***@" in line
 
 
+def _password_ignored(url: str) -> bool:
+    """Whether the server lets a wrong password in (pg_hba ``trust``)."""
+    import psycopg
+
+    try:
+        psycopg.connect(url.split("?", 1)[0], connect_timeout=10).close()
+    except psycopg.OperationalError:
+        return False
+    return True
+
+
 def test_a_wrong_password_is_exit_3_in_one_line(server, pg_admin, alloc_ledger, fails_to_open):
     role = f"pw_{time.time_ns()}"
     pg_admin(f"CREATE ROLE {role} LOGIN PASSWORD 'right-one'")
     try:
         url = f"postgresql://{role}:wrong-one@{server['where']}/{server['database']}?schema={role}"
-        if "password" not in alloc_ledger("query", "nodes", url=url).stderr:
+        if _password_ignored(url):  # asked of the server, not of the code under test
             pytest.skip("this server trusts the connection (pg_hba trust): passwords are not checked")
         line = fails_to_open(url, f'password authentication failed for user "{role}"')
         assert "wrong-one" not in line
