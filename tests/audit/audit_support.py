@@ -149,6 +149,19 @@ class StoreUnderTest:
         finally:
             connection.close()
 
+    def snapshot(self, *statements: str) -> list[list[tuple[Any, ...]]]:
+        """Several statements as of one moment, in one read transaction: a
+        killed writer's last COMMIT may still land on the server meanwhile."""
+        connection = self.connect()
+        try:
+            connection.execute("BEGIN" if self.dialect == "sqlite" else
+                                "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
+            found = [list(connection.execute(statement).fetchall()) for statement in statements]
+            connection.execute("ROLLBACK")
+            return found
+        finally:
+            connection.close()
+
     def columns(self, relation: str) -> list[str]:
         """The column names of a table or view, in order."""
         connection = self.connect()

@@ -32,15 +32,17 @@ KILLS = 20
 def kept(target: StoreUnderTest) -> tuple[list[str], dict[str, int]]:
     """The ids of the kept events in log order, after checking every event is
     whole: gapless positions, a payload that parses, a chain hash, its id."""
-    events = target.sql(
-        "SELECT originator_version, state FROM stored_events ORDER BY originator_version"
+    events, hashes, id_rows = target.snapshot(
+        "SELECT originator_version, state FROM stored_events ORDER BY originator_version",
+        "SELECT position FROM event_hashes ORDER BY position",
+        "SELECT id, position FROM event_ids",
     )
     positions = [row[0] for row in events]
     assert positions == list(range(1, len(events) + 1)), "positions must be gapless"
     ids = [json.loads(bytes(row[1]))["event"]["id"] for row in events]
-    hashed = [row[0] for row in target.sql("SELECT position FROM event_hashes ORDER BY position")]
+    hashed = [row[0] for row in hashes]
     assert hashed == positions, "every event has exactly one chain hash"
-    known = dict(target.sql("SELECT id, position FROM event_ids"))
+    known = dict(id_rows)
     assert known == {event_id: n for n, event_id in enumerate(ids, 1)}, "ids match positions"
     assert len(set(ids)) == len(ids), "no event is in the log twice"
     return ids, known
