@@ -13,7 +13,7 @@ from typing import Any
 import click
 from click.core import ParameterSource
 
-from commands.console import Interrupted, interrupted
+from commands.console import Interrupted, Terminated, interrupted
 from commands.output import output_lost, printable, require_stdout, write
 from ledger.errors import BadOption, LedgerError, StoreUnavailable
 from ledger.store import Store
@@ -124,7 +124,9 @@ class LedgerGroup(click.Group):
         except (click.ClickException, click.exceptions.Exit, click.Abort):
             raise
         except KeyboardInterrupt as stop:  # Ctrl-C: what was reported before it is kept
-            raise interrupted(stop.detail if isinstance(stop, Interrupted) else "") from None
+            if isinstance(stop, Interrupted):
+                raise interrupted(stop.detail, stop.terminated) from None
+            raise interrupted(terminated=isinstance(stop, Terminated)) from None
         except OSError as error:
             if error.errno in STDOUT_FAILURES:  # click's own text (a command's --help)
                 raise output_lost(error) from None

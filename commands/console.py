@@ -9,23 +9,48 @@ one-shot command, for plugins that would only watch events being validated."""
 from __future__ import annotations
 
 import os
+import signal
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 PLUGINS = "PYDANTIC_DISABLE_PLUGINS"
 
 
 class Interrupted(KeyboardInterrupt):
-    """Ctrl-C, with what a command had done by then (``detail``)."""
+    """Ctrl-C (or SIGTERM: ``terminated``), with what a command had done by then."""
 
-    def __init__(self, detail: str) -> None:
+    def __init__(self, detail: str, terminated: bool = False) -> None:
         super().__init__(detail)
         self.detail = detail
+        self.terminated = terminated
 
 
-def interrupted(detail: str = "") -> SystemExit:
-    """Ctrl-C: one line, exit 130, while loading and in a command alike."""
-    sys.stderr.write(f"Error: interrupted{': ' + detail if detail else ''}\n")
-    return SystemExit(130)
+class Terminated(KeyboardInterrupt):
+    """SIGTERM (a service manager's stop), raised where Ctrl-C would be."""
+
+
+def _terminate(signum: int, frame: object) -> None:
+    raise Terminated
+
+
+@contextmanager
+def terminated_as_interrupted() -> Iterator[None]:
+    """Within the block, SIGTERM stops the command as Ctrl-C does (what is
+    committed is reported), but says ``terminated`` and exits 143."""
+    before = signal.signal(signal.SIGTERM, _terminate)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, before)
+
+
+def interrupted(detail: str = "", terminated: bool = False) -> SystemExit:
+    """Ctrl-C: one line, exit 130, while loading and in a command alike;
+    SIGTERM: ``terminated``, exit 143."""
+    what = "terminated" if terminated else "interrupted"
+    sys.stderr.write(f"Error: {what}{': ' + detail if detail else ''}\n")
+    return SystemExit(143 if terminated else 130)
 
 
 def main() -> None:

@@ -16,10 +16,10 @@ from typing import IO, Any
 import click
 
 from commands.cli import STORE_GOES_FIRST, store_of
-from commands.console import Interrupted
+from commands.console import Interrupted, Terminated, terminated_as_interrupted
 from commands.output import ClosedStream, json_text, write
 from ledger.application import Ledger, Receipt
-from ledger.errors import InvalidEvent
+from ledger.errors import InvalidEvent, LedgerError, StoreUnavailable
 from ledger.events import EVENT_TYPES, TYPES_NAMED, fields_of, from_flags
 
 MAX_LINE = 1 << 20  # a longer line is reported invalid without being held in memory
@@ -85,7 +85,7 @@ def submit(ctx: click.Context, source: str, quiet: bool, batch: int) -> None:
                 f"({' '.join(ctx.args)}) follow an event type: alloc-ledger submit TYPE --field value"
             )
         stream = _open(source)
-        with Ledger.open(store_of(ctx)) as ledger:
+        with Ledger.open(store_of(ctx)) as ledger, terminated_as_interrupted():
             counts = _print(_stream(ledger, stream, batch), quiet, sys.stderr.isatty())
         if not any(counts.values()):  # a producer that died before writing looks like this
             click.echo(f"no events in {'stdin' if source == '-' else source}", err=True)
@@ -298,34 +298,44 @@ OF_REJECTED = "duplicate_of_rejected"
 def _print(
     results: Any, quiet: bool, progress: bool
 ) -> Counter[str]:
-    counts: Counter[str] = Counter(
-        {"appended": 0, "duplicate": 0, "rejected": 0, "invalid": 0, OF_REJECTED: 0})
     shown = time.monotonic()
-    reported = 0  # the last line whose result is printed (or counted, with --quiet)
+    # The results tallied and the last line among them, replaced whole once a
+    # batch is tallied (one assignment: a signal cannot land between the two).
+    # A batch whose receipts came back is committed, printed or not.
+    done: tuple[Counter[str], int] = (Counter(
+        {"appended": 0, "duplicate": 0, "rejected": 0, "invalid": 0, OF_REJECTED: 0}), 0)
     try:
         for batch in results:
+            tally = done[0].copy()
             for _, receipt in batch:
-                counts[receipt.status] += 1
+                tally[receipt.status] += 1
                 if receipt.status == "duplicate" and not receipt.ok:
-                    counts[OF_REJECTED] += 1
+                    tally[OF_REJECTED] += 1
+            done = (tally, batch[-1][0] if batch else done[1])
             _out("" if quiet else "".join(_result_line(n, receipt) for n, receipt in batch), batch)
-            reported = batch[-1][0] if batch else reported
             if progress and time.monotonic() - shown > 0.2:
                 shown = time.monotonic()
-                done = sum(counts.values()) - counts[OF_REJECTED]
-                click.echo(f"\r{done} events, {counts['rejected']} rejected, "
-                           f"{counts['invalid']} invalid", err=True, nl=False)
-    except KeyboardInterrupt:
-        if progress:
-            click.echo("\r" + " " * 60 + "\r", err=True, nl=False)
-        raise Interrupted(_interrupted_after(reported, counts)) from None
+                total = sum(tally.values()) - tally[OF_REJECTED]
+                click.echo(f"\r{total} events, {tally['rejected']} rejected, "
+                           f"{tally['invalid']} invalid", err=True, nl=False)
+    except KeyboardInterrupt as stop:
+        _clear(progress)
+        raise Interrupted(_kept_until(*done), terminated=isinstance(stop, Terminated)) from None
+    except LedgerError as error:  # the store lost mid-stream: say how far it got
+        _clear(progress)
+        failed = StoreUnavailable if isinstance(error, StoreUnavailable) else LedgerError
+        raise failed(f"{error}; {_kept_until(*done)}") from None
+    _clear(progress)
+    return done[0]
+
+
+def _clear(progress: bool) -> None:
     if progress:
         click.echo("\r" + " " * 60 + "\r", err=True, nl=False)
-    return counts
 
 
-def _interrupted_after(reported: int, counts: Counter[str]) -> str:
-    """What a submit interrupted (Ctrl-C) had decided and kept."""
+def _kept_until(counts: Counter[str], reported: int) -> str:
+    """What a submit stopped midway (Ctrl-C, SIGTERM, a lost store) had decided and kept."""
     learn = "resubmit with ids to learn which: kept ones answer duplicate"
     if not reported:
         return f"no result was printed before it, yet some lines may be kept ({learn})"

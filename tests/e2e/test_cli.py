@@ -428,8 +428,12 @@ def test_submit_stdin_through_a_pipe(url):
     assert done.stdout == MIXED_RESULTS
 
 
+@pytest.mark.parametrize(("sig", "code", "what"), [
+    (signal.SIGINT, 130, "interrupted"),  # Ctrl-C
+    (signal.SIGTERM, 143, "terminated"),  # a service manager's stop
+])
 @pytest.mark.parametrize("quiet", [False, True])
-def test_ctrl_c_on_a_stream_exits_130_in_one_line_saying_what_was_kept(url, quiet):
+def test_ctrl_c_on_a_stream_exits_130_in_one_line_saying_what_was_kept(url, quiet, sig, code, what):
     writer = subprocess.Popen(
         [sys.executable, "-m", "commands", "--store", url, "submit", "-", *(["--quiet"] * quiet)],
         stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
@@ -446,14 +450,40 @@ def test_ctrl_c_on_a_stream_exits_130_in_one_line_saying_what_was_kept(url, quie
         assert writer.stdout.readline() == result_line(1, "appended", 1)
         assert json.loads(writer.stdout.readline())["status"] == "rejected"
 
-    writer.send_signal(signal.SIGINT)
+    writer.send_signal(sig)
     out, errors = writer.communicate(timeout=60)
 
-    assert (writer.returncode, out, errors) == (130, "", (
-        "Error: interrupted: every line up to 2 was decided and is kept as decided "
+    assert (writer.returncode, out, errors) == (code, "", (
+        f"Error: {what}: every line up to 2 was decided and is kept as decided "
         "(1 appended, 0 duplicate, 1 rejected, 0 invalid); later ones may be kept too "
         "(resubmit with ids to learn which: kept ones answer duplicate)\n"))
     assert json.loads(invoke(store(url, "query", "nodes")).stdout)[0]["node"] == "n1"
+
+
+def test_a_store_lost_mid_stream_says_how_far_it_got(tmp_path, url, monkeypatch):
+    """A lost server (a restart, a terminated session) ends the stream with
+    exit 3, saying which lines were decided and kept before it."""
+    from ledger.application import Ledger
+    from ledger.errors import StoreUnavailable
+
+    source = tmp_path / "events.jsonl"
+    source.write_text(lines(*SMALL))
+    submitted = Ledger.submit_batches
+
+    def lost_after_one_batch(ledger, batches):
+        receipts = submitted(ledger, batches)
+        yield next(receipts)
+        raise StoreUnavailable(f"store {url}: server closed the connection unexpectedly")
+
+    monkeypatch.setattr(Ledger, "submit_batches", lost_after_one_batch)
+    result = invoke(store(url, "submit", str(source), "--batch", "2"), code=3)
+
+    assert result.stdout == result_line(1, "appended", 1) + result_line(2, "appended", 2)
+    assert result.stderr == (
+        f"Error: store {url}: server closed the connection unexpectedly; every line up to 2 "
+        "was decided and is kept as decided (2 appended, 0 duplicate, 0 rejected, 0 invalid); "
+        "later ones may be kept too (resubmit with ids to learn which: kept ones answer "
+        "duplicate)\n")
 
 
 def _head(url: str) -> int:
