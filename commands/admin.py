@@ -56,17 +56,15 @@ def project(ctx: click.Context, follow: bool, batch: int, poll: float, reconnect
     Example: alloc-ledger --store postgresql://ledger@db/ops project --follow
     """
     url = store_of(ctx)
-    # On SQLite every submit keeps the tables current: project has nothing to
-    # make there, and a mistyped path must not become an empty ledger. A
-    # PostgreSQL follower may start before the first writer: it makes the schema.
-    create = urlsplit(store_url(url)).scheme != "sqlite"
+    # A mistyped path or schema must not become an empty ledger that a
+    # follower then keeps "current" forever: only submit makes a store.
     if follow:
-        follower.follow(url, batch, poll, reconnect, create=create)
+        follower.follow(url, batch, poll, reconnect)
         return
     for name, flag in (("poll", "--poll"), ("reconnect", "--reconnect/--no-reconnect")):
         if ctx.get_parameter_source(name) is not ParameterSource.DEFAULT:
             raise click.UsageError(f"{flag} goes with --follow")
-    with Ledger.open(url, create) as ledger:
+    with Ledger.open(url, create=False) as ledger:
         first, last = follower.catch_up(ledger, batch)
     line({"from": first, "to": last, "applied": last - first})
 

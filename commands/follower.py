@@ -8,9 +8,9 @@ tries, until the store answers; then it goes on from the tracking position,
 which its last committed transaction recorded, so nothing is applied twice
 or skipped; the waits start again from 1 s once a catch-up has committed.
 Only the first open fails at once (exit 3): a mistyped URL is not an outage.
-Like ``project``, a follower creates a PostgreSQL store when it starts (a
-SQLite file only a submit makes); reopening, it only opens one that holds a
-ledger.
+Like ``project``, a follower only opens a store that holds a ledger (a
+mistyped schema is exit 3, never an empty ledger followed forever): start
+it once a submit has made the store.
 ``--no-reconnect`` exits 3 on the first loss instead, for a supervisor that
 restarts it.
 """
@@ -53,18 +53,16 @@ def follow(
     reconnect: bool = True,
     opener: Callable[[str, bool], Ledger] | None = None,
     sleep: Callable[[float], None] = time.sleep,
-    create: bool = True,
 ) -> None:
     """Keep the tables current until interrupted (Ctrl-C or SIGTERM).
 
-    ``opener(url, create)`` opens the ledger: at the start it creates the
-    store if ``create`` says so, as ``project`` does; after a loss only one
-    that holds a ledger (a schema dropped meanwhile is not made anew, empty).
-    ``sleep`` waits between tries to reopen it."""
+    ``opener(url, create)`` opens the ledger, never creating it: a store
+    that holds no ledger is refused at the start, and after a loss (a schema
+    dropped meanwhile is not made anew, empty). ``sleep`` waits between
+    tries to reopen it."""
     stopping = signal.signal(signal.SIGTERM, _interrupt)  # a service manager's stop too
     try:
-        _keep_following(
-            url, batch, poll, reconnect, opener or Ledger.open, Backoff(sleep), create)
+        _keep_following(url, batch, poll, reconnect, opener or Ledger.open, Backoff(sleep))
     finally:
         signal.signal(signal.SIGTERM, stopping)
 
@@ -90,9 +88,9 @@ class Backoff:
 
 def _keep_following(
     url: str, batch: int, poll: float, reconnect: bool,
-    opener: Callable[[str, bool], Ledger], backoff: Backoff, create: bool = True,
+    opener: Callable[[str, bool], Ledger], backoff: Backoff,
 ) -> None:
-    opened = opener(url, create)
+    opened = opener(url, False)
     ledger: Ledger | None = opened  # None while the store is lost
     resumed = False
     try:

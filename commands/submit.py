@@ -323,6 +323,8 @@ def _print(
         raise Interrupted(_kept_until(*done), terminated=isinstance(stop, Terminated)) from None
     except LedgerError as error:  # the store lost mid-stream: say how far it got
         _clear(progress)
+        if not done[1]:
+            raise  # at the first batch: the store's own words say what became of it
         failed = StoreUnavailable if isinstance(error, StoreUnavailable) else LedgerError
         raise failed(f"{error}; {_kept_until(*done)}") from None
     _clear(progress)

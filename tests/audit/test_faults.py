@@ -12,6 +12,7 @@ import sqlite3
 import subprocess
 import time
 import uuid
+from collections import Counter
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, nullcontext
 from pathlib import Path
@@ -397,8 +398,13 @@ def test_a_full_disk_exits_3_and_keeps_every_acknowledged_batch(
         full = run("submit", str(stream), "--batch", "100", url=target.url, preexec_fn=limit)
         assert full.returncode == 3, full.stderr
         line = one_line_error(full.stderr)
-        assert line == f"Error: store {target.url}: {error}"
         reports = results(full.stdout)
+        statuses = Counter(report["status"] for report in reports)
+        assert line == (  # the store's error, then how far the stream got
+            f"Error: store {target.url}: {error}; every line up to {reports[-1]['line']} was "
+            f"decided and is kept as decided ({statuses['appended']} appended, 0 duplicate, "
+            f"{statuses['rejected']} rejected, 0 invalid); later ones may be kept too (resubmit "
+            "with ids to learn which: kept ones answer duplicate)")
         acked = acknowledged_are_kept(target, events, reports)
         assert 0 < acked < len(events)
         grow()

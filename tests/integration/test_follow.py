@@ -18,7 +18,7 @@ from typing import IO, Any
 
 import pytest
 
-from ledger.application import Ledger
+from ledger.store import open_store
 from scripts.simulate import generate
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -28,6 +28,7 @@ class Follower:
     """``alloc-ledger project --follow`` in its own process, its progress lines read as they come."""
 
     def __init__(self, url: str, batch: int, *options: str) -> None:
+        open_store(url).close()  # a follower follows a ledger a writer has made
         self.process = subprocess.Popen(
             [sys.executable, "-m", "commands", "--store", url, "project", "--follow",
              "--batch", str(batch), "--poll", "0.5", *options],
@@ -188,8 +189,6 @@ def test_project_applies_in_batches_and_reports_the_span(pg_url, alloc_ledger, t
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
 def test_follow_on_sqlite_polls_and_stops_cleanly(tmp_path, sig):
     url = f"sqlite:///{tmp_path}/l.db"
-    with Ledger.open(url) as ledger:  # on SQLite only a submit makes the store
-        assert ledger.submit({"type": "node-registered", "node": "n1"}).status == "appended"
     follower = Follower(url, batch=10)
 
     code, errors = follower.stop(sig)
@@ -249,3 +248,18 @@ def test_a_follower_told_not_to_reconnect_exits_3_when_its_connections_are_cut(
     assert code == 3
     error, = errors.splitlines()
     assert error.startswith(f"Error: store {pg_url}&application_name={application}: ")
+
+
+def test_a_follower_on_a_schema_without_a_ledger_exits_3_and_makes_nothing(
+    pg_url, pg_schema, pg_admin
+):
+    """A mistyped schema must not become an empty ledger followed "at lag 0" forever."""
+    done = subprocess.run(
+        [sys.executable, "-m", "commands", "--store", pg_url, "project", "--follow"],
+        capture_output=True, text=True, timeout=60, cwd=ROOT, check=False,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
+    assert (done.returncode, done.stdout) == (3, "")
+    assert done.stderr.startswith("Error: cannot open store ") and "there is no ledger" in done.stderr
+    assert done.stderr.count("\n") == 1
+    assert pg_admin(f"SELECT count(*) FROM pg_namespace WHERE nspname = '{pg_schema}'") == [(0,)]
