@@ -11,6 +11,7 @@ import click
 
 from commands.cli import opened
 from commands.output import emit, emit_object, format_option
+from ledger.errors import counted
 from ledger.model import LIVE, TERMINAL, timestamp
 from ledger.store import Store
 from projections.asof import AsOf, head_within, moment_of, rebuild, state_at
@@ -77,7 +78,7 @@ def answering(ctx: click.Context, as_of: str | None) -> Iterator[Answering]:
         with store.reading() as cursor:
             lag = store.head(cursor) - store.tracked(cursor)
             if lag > 0:  # on stderr in every format: stdout stays the answer
-                click.echo(f"lag: {lag} positions behind the log", err=True)
+                click.echo(f"lag: {counted(lag, 'position')} behind the log", err=True)
             yield Answering(Queries(cursor, store.param), None, None)
 
 

@@ -226,6 +226,12 @@ ROLE_DENIED = (
 )
 
 
+CONNECTIONS = (
+    "a writer opens up to 6 connections when writers combine (the default), one with "
+    "&writers=lock; raise the role's CONNECTION LIMIT or use &writers=lock"
+)
+
+
 def describe(error: BaseException, hint: bool = True) -> str:
     """One line for a database error: the server's message, without libpq's
     hints, with ours for a statement timeout or a privilege refused."""
@@ -332,6 +338,9 @@ class PostgresStore:
             known = ", ".join(sorted(OPTIONS))
             self._fail(f"unknown option {min(unknown)!r} (known: {known})")
         self.schema = options.get("schema", "public")
+        if len(self.schema) > 63:  # PostgreSQL's NAMEDATALEN - 1
+            self._fail(f"schema name {self.schema!r} is {len(self.schema)} characters long, "
+                       "more than PostgreSQL's 63")
         if not SCHEMA_NAME.fullmatch(self.schema):
             self._fail(f"schema name {self.schema!r} must be lower case letters, digits and _")
         inline = options.get("projections", "follow")
@@ -434,7 +443,10 @@ class PostgresStore:
         text = (str(error).strip().splitlines() or [type(error).__name__])[0]
         reason = text.rsplit(" failed: ", 1)[-1]
         if reason.startswith("FATAL:"):
-            return reason[len("FATAL:"):].strip()
+            refused = reason[len("FATAL:"):].strip()
+            if refused.startswith("too many connections for role"):
+                return f"{refused} ({CONNECTIONS})"
+            return refused
         where = f"{self.connect_args['host'] or 'localhost'}:{self.connect_args['port']}"
         return f"server {where} unreachable: {reason}"
 

@@ -428,6 +428,8 @@ def test_a_password_given_twice_is_refused(fails_to_open):
     ("schema=Bad-Name", "schema name 'Bad-Name'"),
     ("schema=user", "schema name 'user' is an SQL keyword: choose another"),  # was a syntax error
     ("schema=default", "schema name 'default' is an SQL keyword: choose another"),
+    ("schema=" + "a" * 64, (f"schema name '{'a' * 64}' is 64 characters long, more than "
+     "PostgreSQL's 63")),
     ("projections=sometimes", "projections=sometimes"),
     ("colour=blue", "unknown option 'colour'"),
     ("writers=all", "writers=all must be lock or combine"),
@@ -436,6 +438,31 @@ def test_a_password_given_twice_is_refused(fails_to_open):
 ])
 def test_a_bad_url_is_exit_3_in_one_line(pg_dsn, fails_to_open, extra, reason):
     fails_to_open(option(pg_dsn, extra), reason)
+
+
+def test_a_role_whose_connection_limit_a_combining_writer_exceeds_is_told_why(
+    pg_dsn, pg_schema, pg_admin, alloc_ledger, fails_to_open
+):
+    """A default writer opens up to 6 connections; a lock writer one."""
+    role = pg_schema  # fresh and unique
+    pg_admin(f"CREATE ROLE {role} LOGIN CONNECTION LIMIT 4")
+    pg_admin(f"CREATE SCHEMA {pg_schema} AUTHORIZATION {role}")
+    try:
+        parts = urlsplit(pg_dsn)
+        url = f"postgresql://{role}@{parts.hostname}:{parts.port or 5432}{parts.path}?schema={pg_schema}"
+        done = alloc_ledger("submit", "node-registered", "--node", "n1", url=f"{url}&timeout=3")
+        assert done.returncode == 3, done
+        assert done.stderr == (
+            f"Error: cannot open store {url}&timeout=3: too many connections for role "
+            f'"{role}" (a writer opens up to 6 connections when writers combine (the default), '
+            "one with &writers=lock; raise the role's CONNECTION LIMIT or use &writers=lock)\n")
+        locked = alloc_ledger("submit", "node-registered", "--node", "n1",
+                              url=f"{url}&writers=lock")
+        assert locked.returncode == 0, locked
+    finally:
+        pg_admin(f"DROP SCHEMA IF EXISTS {pg_schema} CASCADE")
+        pg_admin(f"DROP OWNED BY {role}")
+        pg_admin(f"DROP ROLE {role}")
 
 
 def test_reading_a_schema_without_a_ledger_is_exit_3_and_creates_nothing(
