@@ -258,6 +258,12 @@ OWN_TABLES = (
 )
 
 
+def _value(connection: Any, statement: Any, params: Any = ()) -> Any:
+    """The first column of a statement's first row (None: no row)."""
+    row = connection.execute(statement, params).fetchone()
+    return None if row is None else row[0]
+
+
 def _rows(connection: Any, statement: str, params: Any) -> list[Any]:
     return list(connection.execute(statement, params).fetchall())
 
@@ -471,6 +477,11 @@ class PostgresStore:
                 connection.execute("SELECT pg_advisory_lock(%s, %s)", key)
                 try:
                     version, _, self.schema_oid = self._found(connection)
+                    if version == 0 and (others := self._foreign(connection)):
+                        self._fail(
+                            f"schema {self.schema} holds tables of something else "
+                            f"({first_few(others)}), not a ledger; name another schema for the "
+                            "ledger (?schema=name)")
                     if version != SCHEMA_VERSION:
                         self._create_schema(connection, extra)
                 finally:
@@ -483,6 +494,33 @@ class PostgresStore:
                         f"upgrade it ({describe(error, hint=False)})"
                     )
                 self._fail(describe(error))
+
+    def _foreign(self, connection: psycopg.Connection[Any]) -> list[str]:
+        """What in a schema that holds no ledger would clash with one: tables
+        or views by the names of the ledger's own (but for the log and the
+        library's tracking table, which a ledger made halfway leaves, empty),
+        and a log that holds events. A ledger of a release before the mark
+        is known by its chain hashes: nothing of it is foreign."""
+        def exists(table: str) -> bool:
+            return _value(connection, "SELECT to_regclass(%s)", (f"{self.schema}.{table}",)
+                          ) is not None
+
+        try:
+            if exists("event_hashes"):
+                return []
+            names = [name for name in (*OWN_TABLES, *tables.TABLES, *tables.VIEWS,
+                                       tables.STATUS_VIEW) if name not in ("stored_events", TRACKING)]
+            found = [row[0] for row in connection.execute(
+                "SELECT c.relname FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace "
+                "WHERE n.nspname = %s AND c.relkind IN ('r', 'v', 'm', 'p', 'f') "
+                "AND c.relname = ANY(%s) ORDER BY 1", (self.schema, names))]
+            if exists("stored_events") and _value(connection, sql.SQL(
+                    "SELECT EXISTS (SELECT FROM {})").format(
+                        sql.Identifier(self.schema, "stored_events"))):
+                found.append("stored_events (with events)")
+            return found
+        except psycopg.Error as error:
+            self._fail(describe(error))
 
     def _make_schema(self, connection: psycopg.Connection[Any]) -> int:
         """The schema's OID, the schema created if missing (by one process

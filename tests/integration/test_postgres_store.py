@@ -251,8 +251,8 @@ def server(pg_dsn) -> dict[str, str]:
 
 @pytest.fixture
 def fails_to_open(alloc_ledger):
-    def check(url: str, reason: str) -> str:
-        result = alloc_ledger("query", "nodes", url=url)
+    def check(url: str, reason: str, command: tuple[str, ...] = ("query", "nodes")) -> str:
+        result = alloc_ledger(*command, url=url)
         assert result.returncode == 3, result
         assert result.stdout == ""
         lines = result.stderr.splitlines()
@@ -463,6 +463,34 @@ def test_a_role_whose_connection_limit_a_combining_writer_exceeds_is_told_why(
         pg_admin(f"DROP SCHEMA IF EXISTS {pg_schema} CASCADE")
         pg_admin(f"DROP OWNED BY {role}")
         pg_admin(f"DROP ROLE {role}")
+
+
+@pytest.mark.parametrize(("script", "named"), [
+    ("CREATE TABLE {s}.foo (x int); CREATE TABLE {s}.nodes (id int PRIMARY KEY, name text)",
+     "nodes"),
+    ("CREATE VIEW {s}.slots AS SELECT 1 AS one; CREATE TABLE {s}.allocations (x int)",
+     "allocations, slots"),
+    (("CREATE TABLE {s}.stored_events (originator_id uuid, originator_version int, topic text, "
+     "state bytea); INSERT INTO {s}.stored_events VALUES (gen_random_uuid(), 1, 'x', 'y')"),
+     "stored_events (with events)"),
+], ids=["a table", "a view and a table", "another application's log"])
+def test_a_schema_of_something_else_is_refused_and_left_as_it_is(
+    pg_dsn, pg_schema, pg_admin, fails_to_open, script, named
+):
+    """As for a SQLite file of another database: the default schema is
+    public, where tables named nodes or slots are plausible."""
+    pg_admin(f"CREATE SCHEMA {pg_schema}")
+    for statement in script.format(s=pg_schema).split("; "):
+        pg_admin(statement)
+    listed = f"SELECT relname FROM pg_class WHERE relnamespace = '{pg_schema}'::regnamespace ORDER BY 1"
+    before = pg_admin(listed)
+
+    fails_to_open(option(pg_dsn, f"schema={pg_schema}"), (
+        f"schema {pg_schema} holds tables of something else ({named}), not a ledger; "
+        "name another schema for the ledger (?schema=name)"), command=(
+            "submit", "node-registered", "--node", "n1"))
+
+    assert pg_admin(listed) == before
 
 
 def test_reading_a_schema_without_a_ledger_is_exit_3_and_creates_nothing(
