@@ -66,13 +66,17 @@ STATE_PREFIX = "state_"
 SCHEMA_NAME = re.compile(r"[a-z_][a-z0-9_]{0,62}")
 # libpq's own, passed through: TLS, the name in pg_stat_activity, and how soon
 # a connection to a server that vanished without a word is given up.
+# libpq's parameters a URL may give, passed on as they are (TLS, keepalives,
+# the session's name, which server of several to take).
 LIBPQ_OPTIONS = (
-    "sslmode", "application_name", "keepalives", "keepalives_idle", "keepalives_interval",
-    "keepalives_count", "tcp_user_timeout",
+    "sslmode", "sslrootcert", "sslcert", "sslkey", "sslpassword", "sslcrl", "channel_binding",
+    "gssencmode", "target_session_attrs", "application_name", "keepalives", "keepalives_idle",
+    "keepalives_interval", "keepalives_count", "tcp_user_timeout",
 )
 APPLICATION = "alloc-ledger"  # the sessions' application_name, unless the URL gives one
 OPTIONS = {
-    "schema", "projections", "writers", "connect_timeout", "timeout", "password", *LIBPQ_OPTIONS}
+    "schema", "projections", "writers", "connect_timeout", "timeout", "password", "host",
+    *LIBPQ_OPTIONS}
 # A session that stalls inside its transaction (a client on a machine cut off
 # from the network) must not hold its locks until TCP notices: the server ends
 # it after this many seconds idle in a transaction (a write transaction: after
@@ -258,6 +262,15 @@ OWN_TABLES = (
 )
 
 
+def _host_of(netloc: str) -> str:
+    """The host of a URL's network location as written, unescaped: a name,
+    an address ([::1] without its brackets), or a socket's folder (%2F…)."""
+    host = netloc.rpartition("@")[2]
+    if host.startswith("["):
+        return host[1:host.find("]")]
+    return unquote(host.rpartition(":")[0] if ":" in host else host)
+
+
 def _value(connection: Any, statement: Any, params: Any = ()) -> Any:
     """The first column of a statement's first row (None: no row)."""
     row = connection.execute(statement, params).fetchone()
@@ -366,7 +379,9 @@ class PostgresStore:
             self._fail("the URL names no database (postgresql://user@host:port/db)")
         self.connect_args: dict[str, Any] = {
             "dbname": dbname,
-            "host": parts.hostname or "",
+            # as written (a socket's folder may be %2F-escaped: urlsplit would lower its case),
+            # or as libpq's ?host= gives it (a socket's folder, several hosts)
+            "host": options.get("host") or _host_of(parts.netloc),
             "port": parts.port or 5432,
             "user": unquote(parts.username or ""),
             "password": unquote(parts.password or ""),

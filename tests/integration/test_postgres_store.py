@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import socket
 import sqlite3
 import struct
@@ -491,6 +492,35 @@ def test_a_schema_of_something_else_is_refused_and_left_as_it_is(
             "submit", "node-registered", "--node", "n1"))
 
     assert pg_admin(listed) == before
+
+
+SOCKETS = "/var/run/postgresql"  # Debian's folder of the server's socket
+
+
+@pytest.mark.parametrize("where", [
+    "postgresql://{user}@%2Fvar%2Frun%2Fpostgresql/{db}?schema={schema}",  # escaped, as libpq reads
+    "postgresql://{user}@/{db}?schema={schema}&host=/var/run/postgresql",  # libpq's ?host=
+], ids=["escaped in the URL", "as ?host="])
+def test_a_unix_socket_is_reached_as_libpq_reaches_it(server, pg_schema, alloc_ledger, where):
+    if not os.path.exists(f"{SOCKETS}/.s.PGSQL.5432"):
+        pytest.skip(f"the server has no socket in {SOCKETS}")
+    url = where.format(user=server["user"], db=server["database"], schema=pg_schema)
+
+    done = alloc_ledger("submit", "node-registered", "--node", "n1", url=url)
+
+    assert (done.returncode, done.stderr) == (0, ""), done
+    assert json.loads(done.stdout)["status"] == "appended"
+
+
+def test_libpq_s_tls_and_failover_parameters_are_passed_on(pg_url, alloc_ledger):
+    """Refused as unknown options before: TLS checks on managed PostgreSQL,
+    the read-write server of several."""
+    story(pg_url)
+    url = option(pg_url, "sslmode=prefer&target_session_attrs=read-write&channel_binding=prefer")
+    done = alloc_ledger("digest", url=url)
+    assert done.returncode == 0, done
+    wrong = alloc_ledger("digest", url=option(pg_url, "sslrootcert=/nonexistent/root.crt&sslmode=verify-full"))
+    assert wrong.returncode == 3 and "root.crt" in wrong.stderr, wrong  # libpq read it
 
 
 def test_reading_a_schema_without_a_ledger_is_exit_3_and_creates_nothing(
