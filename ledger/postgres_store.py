@@ -462,14 +462,20 @@ class PostgresStore:
         """libpq's message, shortened to what went wrong: 'database "x" does not
         exist', 'password authentication failed for user "u"', 'server … unreachable'."""
         text = (str(error).strip().splitlines() or [type(error).__name__])[0]
+        if text.startswith("connection is bad: invalid "):  # a parameter libpq refused
+            return text[len("connection is bad: "):]
         reason = text.rsplit(" failed: ", 1)[-1]
+        if "SSL" in reason or "certificate" in reason:  # it answered: TLS is what failed
+            return f"TLS with server {self._where()}: {reason}"
         if reason.startswith("FATAL:"):
             refused = reason[len("FATAL:"):].strip()
             if refused.startswith("too many connections for role"):
                 return f"{refused} ({CONNECTIONS})"
             return refused
-        where = f"{self.connect_args['host'] or 'localhost'}:{self.connect_args['port']}"
-        return f"server {where} unreachable: {reason}"
+        return f"server {self._where()} unreachable: {reason}"
+
+    def _where(self) -> str:
+        return f"{self.connect_args['host'] or 'localhost'}:{self.connect_args['port']}"
 
     def _check_and_create(self, timeout: float, extra: dict[str, str]) -> None:
         """Create the schema once, or bring one an earlier version made up to

@@ -516,11 +516,19 @@ def test_libpq_s_tls_and_failover_parameters_are_passed_on(pg_url, alloc_ledger)
     """Refused as unknown options before: TLS checks on managed PostgreSQL,
     the read-write server of several."""
     story(pg_url)
-    url = option(pg_url, "sslmode=prefer&target_session_attrs=read-write&channel_binding=prefer")
+    url = option(pg_url, "sslmode=prefer&sslrootcert=/nonexistent/root.crt"
+                 "&target_session_attrs=read-write&channel_binding=prefer")
     done = alloc_ledger("digest", url=url)
-    assert done.returncode == 0, done
-    wrong = alloc_ledger("digest", url=option(pg_url, "sslrootcert=/nonexistent/root.crt&sslmode=verify-full"))
-    assert wrong.returncode == 3 and "root.crt" in wrong.stderr, wrong  # libpq read it
+    assert done.returncode == 0, done  # TLS preferred, not offered here: plain
+    for given, why in [
+        ("sslmode=verify-full", ("TLS with server {where}: server does not support SSL, but SSL "
+         "was required")),
+        ("sslmode=bogus", 'invalid sslmode value: "bogus"'),  # libpq's word, not "unreachable"
+    ]:
+        refused = alloc_ledger("digest", url=option(pg_url, given))
+        where = urlsplit(pg_url).netloc.rpartition("@")[2]
+        assert (refused.returncode, refused.stderr) == (
+            3, f"Error: cannot open store {option(pg_url, given)}: {why.format(where=where)}\n")
 
 
 def test_reading_a_schema_without_a_ledger_is_exit_3_and_creates_nothing(
