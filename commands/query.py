@@ -74,7 +74,8 @@ def answering(ctx: click.Context, as_of: str | None) -> Iterator[Answering]:
             yield Answering(Queries(state.connection.cursor()), state.position, state.moment)
             return
         if ctx.meta.get("query.wait") or store.state_prefix == "":
-            Projector(store).update()
+            # bounded: a follower stopped inside its transaction holds the tables
+            Projector(store).update(waits=store.lock_wait)
         with store.reading() as cursor:
             lag = store.head(cursor) - store.tracked(cursor)
             if lag > 0:  # on stderr in every format: stdout stays the answer

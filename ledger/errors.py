@@ -15,6 +15,10 @@ class StoreUnavailable(LedgerError):
     """The store cannot be opened, reached or written."""
 
 
+class LockWaitedOut(StoreUnavailable):
+    """Another transaction held a lock longer than this one would wait."""
+
+
 class MadeByNewer(StoreUnavailable):
     """A store whose schema a newer alloc-ledger made: this one may not touch it."""
 

@@ -36,7 +36,7 @@ from psycopg import sql
 from psycopg.rows import dict_row, tuple_row
 
 from ledger import postgres_writes
-from ledger.errors import LedgerError, MadeByNewer, StoreUnavailable, first_few
+from ledger.errors import LedgerError, LockWaitedOut, MadeByNewer, StoreUnavailable, first_few
 from ledger.postgres_handoff import TABLES as HANDOFF_TABLES
 from ledger.postgres_handoff import Handoff, connection_lost
 from ledger.postgres_preload import KNOWN_IDS, Preload, known_ids, named_by, not_cached
@@ -426,6 +426,11 @@ class PostgresStore:
             return self.extra
         return {**self.extra, "application_name": f"{APPLICATION} {role}"}
 
+    @property
+    def lock_wait(self) -> float:
+        """How long a command waits for a lock another holds (the URL's ``timeout``)."""
+        return self.handoff.timeout
+
     def unavailable(self, error: BaseException) -> StoreUnavailable:
         return StoreUnavailable(f"store {self.shown}: {describe(error)}")
 
@@ -628,12 +633,13 @@ class PostgresStore:
     def _transaction(
         self, prepare: Callable[[Any], None], pipelined: bool = False,
         given: psycopg.Connection[Any] | None = None, waits: float | None = None,
-        commits_batch: bool = False,
+        commits_batch: bool = False, holder: str = "",
     ) -> Iterator[Any]:
         """One transaction on a pooled connection (or the one given); ``pipelined``:
         statements whose results are not read are sent without waiting (psycopg
         pipeline mode), so a write transaction costs a round trip per read, not
-        per statement. ``waits``: the seconds ``prepare`` lets it wait for a lock.
+        per statement. ``waits``: the seconds ``prepare`` lets it wait for a lock
+        (whose ``holder`` is most likely another projector's, or else a writer's).
         ``commits_batch``: a writer's batch is kept by its COMMIT, so a
         connection lost once the COMMIT is sent leaves it unknown whether it was."""
         transaction: Any = None
@@ -657,10 +663,12 @@ class PostgresStore:
         except (psycopg.Error, PersistenceError) as error:  # the cause kept: see lost_lead
             cause = error.__cause__ if isinstance(error, PersistenceError) else error
             if isinstance(cause, psycopg.errors.LockNotAvailable):  # ``lock_timeout``
-                raise StoreUnavailable(
-                    f"store {self.shown}: gave up waiting for a lock after {waits or 0:g} s (the "
-                    "log's, most likely: its holder may be a writer stopped or cut off); nothing "
-                    "of this transaction was written"
+                held = (f"the projection tables', most likely: a {holder} transaction holds "
+                        "them, maybe stopped or stuck" if holder else
+                        "the log's, most likely: its holder may be a writer stopped or cut off")
+                raise LockWaitedOut(
+                    f"store {self.shown}: gave up waiting for a lock after {waits or 0:g} s "
+                    f"({held}); nothing of this transaction was written"
                 ) from cause
             if commits_batch and isinstance(transaction, _Pipelined) and (
                 transaction.committed and connection_lost(cause)
@@ -678,9 +686,13 @@ class PostgresStore:
         return self._transaction(
             partial(self._lock_log, timeout), pipelined=True, waits=timeout, commits_batch=True)
 
-    def projecting(self) -> Any:
-        """A transaction for the projection tables: the tracking row locked, never the log."""
-        return self._transaction(self._track_by_key, pipelined=True)
+    def projecting(self, waits: float | None = None) -> Any:
+        """A transaction for the projection tables: the tracking row locked, never
+        the log; waiting for another projector at most ``waits`` seconds."""
+        if waits is None:
+            return self._transaction(self._track_by_key, pipelined=True)
+        return self._transaction(
+            partial(self._track_within, waits), pipelined=True, waits=waits, holder="projector's")
 
     def reading(self) -> Any:
         """A read-only transaction with one snapshot."""
@@ -732,6 +744,10 @@ class PostgresStore:
 
     def _track_by_key(self, cursor: Any) -> None:
         self._keys_only(cursor)
+        self._lock_tracking(cursor)
+
+    def _track_within(self, waits: float, cursor: Any) -> None:
+        self._bounded(waits, cursor)
         self._lock_tracking(cursor)
 
     @staticmethod

@@ -182,7 +182,7 @@ class SQLiteStore:
         self.url = url
         self.path = path
         self.stream = LEDGER_STREAM.hex
-        timeout = self._timeout(options)
+        timeout = self.lock_wait = self._timeout(options)
         if not path or SQLiteConnectionPool.detect_memory_mode(path):
             raise StoreUnavailable(
                 f"cannot open store {url}: an in-memory store keeps nothing once it is "
@@ -374,8 +374,9 @@ class SQLiteStore:
         except (sqlite3.Error, PersistenceError) as error:  # the cause kept: see _busy
             raise StoreUnavailable(f"store {self.url}: {describe(error)}") from error
 
-    def projecting(self) -> Any:
-        """A transaction for catching up the projection tables."""
+    def projecting(self, waits: float | None = None) -> Any:
+        """A transaction for catching up the projection tables (bounded by the
+        store's busy timeout, whatever ``waits`` says)."""
         return self.writing()
 
     @contextmanager

@@ -78,6 +78,10 @@ class Store(Protocol):
     overlaps: bool  # whether ``submit_batches`` decides a batch while the last one commits
 
     @property
+    def lock_wait(self) -> float:
+        """How long a command waits for a lock another holds (the URL's ``timeout``)."""
+
+    @property
     def stream(self) -> UUID | str:
         """The log's one stream: its rows' ``originator_id``, as the store's driver binds it."""
 
@@ -88,8 +92,10 @@ class Store(Protocol):
     def writing(self) -> AbstractContextManager[Any]:
         """A transaction that no other writer runs beside (the log is one sequence)."""
 
-    def projecting(self) -> AbstractContextManager[Any]:
-        """A transaction for catching up the projection tables."""
+    def projecting(self, waits: float | None = None) -> AbstractContextManager[Any]:
+        """A transaction for catching up the projection tables, waiting for
+        another projector at most ``waits`` seconds (None: as long as it takes)
+        (``LockWaitedOut``)."""
 
     def reading(self) -> AbstractContextManager[Any]:
         """A read-only transaction with a consistent view."""

@@ -30,14 +30,15 @@ class Projector:
         self.source = TableSource(self.sql)
         self.cluster = Cluster(self.source)
 
-    def update(self, limit: int | None = None) -> tuple[int, int]:
+    def update(self, limit: int | None = None, waits: float | None = None) -> tuple[int, int]:
         """Bring the tables up to date in a transaction of their own (at most
-        ``limit`` events); return the (from, to) positions."""
+        ``limit`` events), waiting for another projector at most ``waits``
+        seconds; return the (from, to) positions."""
         with self.store.reading() as cursor:
             start, head = self.store.tracked(cursor), self.store.head(cursor)
         if start >= head:
             return start, head
-        with self.store.projecting() as cursor:
+        with self.store.projecting(waits) as cursor:
             start = self.store.tracked(cursor)
             end = self.catch_up(cursor, limit=limit)
         return start, end

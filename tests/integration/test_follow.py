@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import IO, Any
 
 import pytest
+from pg_support import pg_dsn
 
 from ledger.store import open_store
 from scripts.simulate import generate
@@ -263,3 +264,28 @@ def test_a_follower_on_a_schema_without_a_ledger_exits_3_and_makes_nothing(
     assert done.stderr.startswith("Error: cannot open store ") and "there is no ledger" in done.stderr
     assert done.stderr.count("\n") == 1
     assert pg_admin(f"SELECT count(*) FROM pg_namespace WHERE nspname = '{pg_schema}'") == [(0,)]
+
+
+def test_query_wait_behind_a_stuck_follower_gives_up_after_the_timeout(
+    pg_url, pg_schema, tmp_path, alloc_ledger
+):
+    """A follower stopped inside its transaction holds the projection tables:
+    --wait waits the URL's timeout for them, then says so (exit 3)."""
+    submitted(alloc_ledger, pg_url, history_file(tmp_path, 50, 3))  # the tables lag
+    import psycopg
+
+    with psycopg.connect(str(pg_dsn())) as stuck:  # as a follower's transaction, stopped
+        stuck.execute(f"SELECT * FROM {pg_schema}.tracking WHERE application_name = "
+                      "'projections' FOR UPDATE")
+        started = time.monotonic()
+        done = alloc_ledger("query", "nodes", "--wait", url=f"{pg_url}&timeout=1")
+        waited = time.monotonic() - started
+        stuck.rollback()
+
+    assert (done.returncode, done.stdout) == (3, "")
+    assert done.stderr == (
+        f"Error: store {pg_url}&timeout=1: gave up waiting for a lock after 1 s (the projection "
+        "tables', most likely: a projector's transaction holds them, maybe stopped or stuck); "
+        "nothing of this transaction was written\n")
+    assert waited < 30
+    assert alloc_ledger("query", "nodes", "--wait", url=pg_url).returncode == 0  # once it is gone
