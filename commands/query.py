@@ -65,7 +65,7 @@ def answering(ctx: click.Context, as_of: str | None) -> Iterator[Answering]:
     On SQLite the tables are always up to date. On PostgreSQL they are as far
     as ``project --follow`` (or inline projection) has brought them: ``--wait``
     catches them up first, and when they are behind, every answer is preceded
-    by ``lag: N positions behind the log`` on stderr."""
+    by ``lag: N positions behind the log (…)`` on stderr."""
     point = _point(as_of)
     with opened(ctx) as store:
         if point is not None:
@@ -77,9 +77,10 @@ def answering(ctx: click.Context, as_of: str | None) -> Iterator[Answering]:
             # bounded: a follower stopped inside its transaction holds the tables
             Projector(store).update(waits=store.lock_wait)
         with store.reading() as cursor:
-            lag = store.head(cursor) - store.tracked(cursor)
-            if lag > 0:  # on stderr in every format: stdout stays the answer
-                click.echo(f"lag: {counted(lag, 'position')} behind the log", err=True)
+            head, tracked = store.head(cursor), store.tracked(cursor)
+            if head > tracked:  # on stderr in every format: stdout stays the answer
+                click.echo(f"lag: {counted(head - tracked, 'position')} behind the log (the "
+                           f"answer is as of position {tracked} of {head})", err=True)
             yield Answering(Queries(cursor, store.param), None, None)
 
 
