@@ -25,6 +25,9 @@ from ledger.store import Store
 from projections import tables
 
 EVERY = 100_000
+# A checkpoint is a cache: not worth waiting for another projector's
+# transaction (a follower stopped inside one would hold an as-of query for good).
+WAIT = 0.2
 
 
 def _table(store: Store) -> str:
@@ -89,7 +92,7 @@ def _drop(store: Store, position: int, kept_hash: str | None) -> None:
     """Drop a bad checkpoint, not a good one another process has kept since."""
     p = store.param
     try:
-        with store.projecting() as cursor:
+        with store.projecting(waits=WAIT) as cursor:
             cursor.execute(
                 f"DELETE FROM checkpoints WHERE position = {p} AND COALESCE(hash, '') = {p}",
                 (position, kept_hash or ""))
@@ -103,7 +106,7 @@ def keep(store: Store, cluster: Cluster, position: int, max_at: str) -> None:
     state = zlib.compress(orjson.dumps(Snapshot.of(cluster)), 1)
     p = store.param
     try:
-        with store.projecting() as cursor:
+        with store.projecting(waits=WAIT) as cursor:
             cursor.execute(_table(store))
             # a table an earlier release made has no ``hash``: its rows are never used
             tables.add_column(cursor, store.dialect, "checkpoints", "hash", "TEXT")

@@ -624,3 +624,33 @@ def test_a_duration_too_long_for_its_column_is_invalid_on_its_own(store_url):
         "appended", "appended", "invalid", "invalid", "appended"]
     assert receipts[2].error == receipts[3].error == (
         "field 'max_disconnect': Input should be less than or equal to 2147483647")
+
+
+def test_an_as_of_checkpoint_is_not_worth_waiting_for_a_stuck_follower(pg_url, pg_schema, pg_admin):
+    """Keeping a checkpoint takes the projection tables' lock: a follower
+    stopped inside its transaction holds it, and the as-of answer must not
+    wait for it; the checkpoint is kept next time."""
+    import psycopg
+    from pg_support import pg_dsn
+
+    from projections import checkpoints
+    from projections.asof import rebuild
+
+    story(pg_url)
+    store = open_store(pg_url)
+    try:
+        cluster, position = rebuild(store, None, every=0)
+        with psycopg.connect(str(pg_dsn())) as stuck:  # as a follower's transaction, stopped
+            stuck.execute(f"SELECT * FROM {pg_schema}.tracking "
+                          "WHERE application_name = 'projections' FOR UPDATE")
+            started = time.monotonic()
+            checkpoints.keep(store, cluster, position, "")
+            waited = time.monotonic() - started
+            kept_meanwhile = pg_admin(f"SELECT to_regclass('{pg_schema}.checkpoints') IS NOT NULL")
+        checkpoints.keep(store, cluster, position, "")  # once it is gone
+    finally:
+        store.close()
+
+    assert waited < 5  # the lock's wait (0.2 s) and a round trip or two, not for good
+    assert kept_meanwhile == [(False,)]
+    assert pg_admin(f"SELECT position FROM {pg_schema}.checkpoints") == [(position,)]
