@@ -36,8 +36,10 @@ def _terminate(signum: int, frame: object) -> None:
 
 @contextmanager
 def terminated_as_interrupted() -> Iterator[None]:
-    """Within the block, SIGTERM stops the command as Ctrl-C does (what is
-    committed is reported), but says ``terminated`` and exits 143."""
+    """Within the block, SIGTERM raises ``Terminated`` (a KeyboardInterrupt)
+    where Ctrl-C would: a command stops as on Ctrl-C (what is committed is
+    reported; a follower stops cleanly), and one that lets it through says
+    ``terminated`` and exits 143."""
     before = signal.signal(signal.SIGTERM, _terminate)
     try:
         yield

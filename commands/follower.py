@@ -17,13 +17,13 @@ restarts it.
 
 from __future__ import annotations
 
-import signal
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
 import click
 
+from commands.console import terminated_as_interrupted
 from commands.output import line
 from ledger.application import Ledger
 from ledger.errors import MadeByNewer, StoreUnavailable
@@ -60,11 +60,8 @@ def follow(
     that holds no ledger is refused at the start, and after a loss (a schema
     dropped meanwhile is not made anew, empty). ``sleep`` waits between
     tries to reopen it."""
-    stopping = signal.signal(signal.SIGTERM, _interrupt)  # a service manager's stop too
-    try:
+    with terminated_as_interrupted():  # a service manager's stop too
         _keep_following(url, batch, poll, reconnect, opener or Ledger.open, Backoff(sleep))
-    finally:
-        signal.signal(signal.SIGTERM, stopping)
 
 
 class Backoff:
@@ -154,10 +151,6 @@ def _lag(ledger: Ledger | None) -> int | None:
         return ledger.lag()
     except StoreUnavailable:
         return None
-
-
-def _interrupt(signum: int, frame: object) -> None:
-    raise KeyboardInterrupt
 
 
 @contextmanager
