@@ -64,10 +64,9 @@ PAGE = 5000
 TRACKING = "tracking"
 STATE_PREFIX = "state_"
 SCHEMA_NAME = re.compile(r"[a-z_][a-z0-9_]{0,62}")
-# libpq's own, passed through: TLS, the name in pg_stat_activity, and how soon
-# a connection to a server that vanished without a word is given up.
-# libpq's parameters a URL may give, passed on as they are (TLS, keepalives,
-# the session's name, which server of several to take).
+# libpq's parameters a URL may give, passed on as they are: TLS, the name in
+# pg_stat_activity, which server of several to take, and how soon a connection
+# to a server that vanished without a word is given up.
 LIBPQ_OPTIONS = (
     "sslmode", "sslrootcert", "sslcert", "sslkey", "sslpassword", "sslcrl", "channel_binding",
     "gssencmode", "target_session_attrs", "application_name", "keepalives", "keepalives_idle",
@@ -527,20 +526,16 @@ class PostgresStore:
         library's tracking table, which a ledger made halfway leaves, empty),
         and a log that holds events. A ledger of a release before the mark
         is known by its chain hashes: nothing of it is foreign."""
-        def exists(table: str) -> bool:
-            return _value(connection, "SELECT to_regclass(%s)", (f"{self.schema}.{table}",)
-                          ) is not None
-
+        names = (*OWN_TABLES, *tables.TABLES, *tables.VIEWS, tables.STATUS_VIEW)
         try:
-            if exists("event_hashes"):
-                return []
-            names = [name for name in (*OWN_TABLES, *tables.TABLES, *tables.VIEWS,
-                                       tables.STATUS_VIEW) if name not in ("stored_events", TRACKING)]
-            found = [row[0] for row in connection.execute(
+            present = [row[0] for row in connection.execute(
                 "SELECT c.relname FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace "
                 "WHERE n.nspname = %s AND c.relkind IN ('r', 'v', 'm', 'p', 'f') "
-                "AND c.relname = ANY(%s) ORDER BY 1", (self.schema, names))]
-            if exists("stored_events") and _value(connection, sql.SQL(
+                "AND c.relname = ANY(%s) ORDER BY 1", (self.schema, list(names)))]
+            if "event_hashes" in present:
+                return []
+            found = [name for name in present if name not in ("stored_events", TRACKING)]
+            if "stored_events" in present and _value(connection, sql.SQL(
                     "SELECT EXISTS (SELECT FROM {})").format(
                         sql.Identifier(self.schema, "stored_events"))):
                 found.append("stored_events (with events)")

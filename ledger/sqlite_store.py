@@ -288,11 +288,13 @@ class SQLiteStore:
             raise StoreUnavailable(
                 f"cannot open store {self.url}: directory {folder} does not exist"
             )
-        if os.path.exists(self.path) and not os.path.isfile(self.path):  # a FIFO would hang
+        if not os.path.exists(self.path):
+            return
+        if not os.path.isfile(self.path):  # a FIFO would hang
             raise StoreUnavailable(
                 f"cannot open store {self.url}: {self.path} is not a regular file"
             )
-        if os.path.exists(self.path) and not os.access(self.path, os.R_OK):
+        if not os.access(self.path, os.R_OK):
             raise StoreUnavailable(
                 f"cannot open store {self.url}: {self.path} is not readable by this user"
             )

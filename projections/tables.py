@@ -10,13 +10,14 @@ from typing import Any
 
 from ledger import model
 
-TABLES = ("nodes", "slots", "allocations", "alloc_states", "addresses", "rejections")
-VIEWS = ("needs_reconnect", "zombie_slots")
+
 def sql_set(values: frozenset[str]) -> str:
     """A set of statuses as an SQL list: ``('a','b')``."""
     return "(" + ",".join(f"'{value}'" for value in sorted(values)) + ")"
 
 
+TABLES = ("nodes", "slots", "allocations", "alloc_states", "addresses", "rejections")
+VIEWS = ("needs_reconnect", "zombie_slots")
 LIVE = sql_set(model.LIVE)
 TERMINAL = sql_set(model.TERMINAL)
 # The current time in the tables' text form (``ledger.model.timestamp``), to
