@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import shutil
 from typing import Any
 
@@ -36,3 +37,14 @@ def bound_by_file_modes(argv: list[str]) -> list[str]:
     if not shutil.which("setpriv"):
         pytest.skip("running as root without setpriv: cannot run as a user file modes bind")
     return [*WITHOUT_OVERRIDE, *argv]
+
+
+# A time right after another in one of the demo's history rows, on another day
+# than the stories' (every ``at`` is on 2026-03-02): the row's recorded_at,
+# when this run received the event.
+RECEIVED = re.compile(r"(?<=\d{6}Z) +(?!2026-03-02T)\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{6}Z")
+
+
+def without_received(line: str) -> str:
+    """A line of the demo's output without the times this run received events."""
+    return RECEIVED.sub("", line)

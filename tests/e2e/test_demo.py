@@ -6,7 +6,7 @@ import json
 import re
 
 import pytest
-from cli_support import invoke
+from cli_support import invoke, without_received
 
 from commands.stories import EPILOGUE, STORIES, Ask, all_events
 
@@ -17,12 +17,7 @@ def squeezed(text: str) -> set[str]:
     """Every output line with its runs of spaces squeezed to one, without
     the history's recorded_at (when this run received each event)."""
     lines = {" ".join(line.split()) for line in text.splitlines()}
-    return {RECEIVED.sub(r"\1", line) for line in lines}
-
-
-# A time right after another in a history row, on another day than the
-# stories' (2026-03-02, every at): the row's recorded_at, today.
-RECEIVED = re.compile(r"(\d{6}Z) (?!2026-03-02T)\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{6}Z")
+    return {without_received(line) for line in lines}
 
 
 @pytest.fixture(scope="module")

@@ -9,13 +9,13 @@ Positions are global: Nomad is 1-13, Flink 14-26, Swarmkit 27-37, Drydock 38-49.
 from __future__ import annotations
 
 import json
-import re
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import pytest
+from cli_support import without_received
 
 from commands.stories import DRYDOCK, FLINK, NOMAD, STORIES, SWARMKIT, Ask, Step, Story, all_events
 from ledger.application import Ledger
@@ -468,9 +468,6 @@ def test_the_stories_told_as_dicts_are_decided_as_told_as_json(tmp_path):
     ]
 
 
-RECEIVED = re.compile(r"(?<=\d{6}Z) +(?!2026-03-02T)\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{6}Z")
-
-
 def test_the_demo_on_postgresql_with_a_follower_answers_as_on_sqlite(
     pg_url: str, tmp_path: Path, alloc_ledger: Any
 ) -> None:
@@ -484,5 +481,5 @@ def test_the_demo_on_postgresql_with_a_follower_answers_as_on_sqlite(
     def answers(text: str) -> list[str]:
         """The answers, without when each run received the events (the
         history's recorded_at: a time after another, not on the stories' day)."""
-        return [RECEIVED.sub("", line) for line in text.splitlines() if "store" not in line]
+        return [without_received(line) for line in text.splitlines() if "store" not in line]
     assert answers(on_pg.stdout) == answers(on_sqlite.stdout)
