@@ -265,9 +265,14 @@ def fails_to_open(alloc_ledger):
     return check
 
 
-def test_an_unreachable_server_is_exit_3_in_one_line(server, fails_to_open):
-    fails_to_open(f"postgresql://{server['user']}@127.0.0.1:1/{server['database']}",
-                  "server 127.0.0.1:1 unreachable")
+@pytest.mark.parametrize(("host", "named"), [
+    ("127.0.0.1:1", "127.0.0.1:1"),
+    ("[::1]:1", "::1:1"),  # an IPv6 address, its brackets the URL's, not the host's
+    ("%2Fno%2FSuch:1", "/no/Such:1"),  # a socket's folder, escaped, its case kept
+])
+def test_an_unreachable_server_is_exit_3_in_one_line(server, fails_to_open, host, named):
+    fails_to_open(f"postgresql://{server['user']}@{host}/{server['database']}",
+                  f"server {named} unreachable")
 
 
 def test_a_missing_database_is_exit_3_in_one_line(server, fails_to_open):
