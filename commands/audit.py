@@ -11,7 +11,7 @@ from commands.cli import opened
 from commands.output import chosen, echo, emit, emit_object, format_option
 from ledger.chain import Digest, current_digest
 from ledger.chain import verify as verify_chain
-from ledger.errors import LedgerError
+from ledger.errors import NotADigest
 from projections.asof import is_position
 from projections.audit import COLUMNS as AUDIT_COLUMNS
 from projections.audit import SECTIONS
@@ -37,7 +37,7 @@ class DigestType(click.ParamType):  # type: ignore[type-arg]  # generic from cli
             return value
         try:
             return Digest.parse(str(value))
-        except LedgerError as error:
+        except NotADigest as error:
             self.fail(str(error), param, ctx)
 
 

@@ -26,7 +26,7 @@ import click
 from commands.console import terminated_as_interrupted
 from commands.output import line
 from ledger.application import Ledger
-from ledger.errors import MadeByNewer, StoreUnavailable
+from ledger.errors import NeedsNewerRelease, StoreUnavailable
 from ledger.store import Store
 
 RETRY_FIRST = 1.0  # seconds before the first try to reopen a lost store
@@ -95,8 +95,8 @@ def _keep_following(
             try:
                 _follow_while_connected(opened, batch, poll, resumed, backoff)
             except StoreUnavailable as lost:
-                if not reconnect:
-                    raise
+                if not reconnect or isinstance(lost, NeedsNewerRelease):
+                    raise  # no wait brings back what only an upgrade can read
                 ledger = None
                 _close(opened)
                 ledger = opened = _reopened(url, lost, opener, backoff)
@@ -129,7 +129,7 @@ def _reopened(
         backoff.wait(error)
         try:
             return opener(url, False)
-        except MadeByNewer:
+        except NeedsNewerRelease:
             raise  # no wait brings it back: this release cannot read it
         except StoreUnavailable as failed:
             error = failed

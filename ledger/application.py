@@ -18,7 +18,7 @@ from ledger import events, pipeline, retries
 from ledger.chain import GENESIS, link
 from ledger.collection import fewer_collections
 from ledger.domain import AlreadyPlaced, Cluster, touched_by
-from ledger.errors import InvalidEvent, LedgerError, RuleViolation
+from ledger.errors import InvalidEvent, LogEdited, RuleViolation
 from ledger.model import RULES, Event, Fact, Receipt, answered, timestamp, valid_of
 from ledger.records import REJECTED, Record, decode, encode
 from ledger.retries import First
@@ -229,7 +229,7 @@ class Ledger:
             for ident, position in known.items():
                 if ident not in firsts:
                     if (record := kept.get(position)) is None:
-                        raise LedgerError(
+                        raise LogEdited(
                             f"the client-id index names position {position} for id '{ident}', "
                             "which the log lacks; alloc-ledger verify checks whether the log "
                             "was edited")
@@ -282,7 +282,7 @@ class Ledger:
             return self._last[1]
         found = self.store.hash_at(cursor, position)
         if found is None:
-            raise LedgerError(f"the hash chain has no entry for position {position}")
+            raise LogEdited(f"the hash chain has no entry for position {position}")
         return found
 
     def _kept_hash_is(self, cursor: Any, position: int, chain_hash: str) -> bool:

@@ -23,7 +23,7 @@ from typing import Any
 
 import orjson
 
-from ledger.errors import LedgerError, PositionMissing
+from ledger.errors import LogEdited, NotADigest, PositionMissing
 from ledger.store import Store
 
 GENESIS = "0" * 64
@@ -51,7 +51,7 @@ class Digest:
     def parse(cls, text: str) -> Digest:
         found = _DIGEST.match(text.strip().lower())
         if found is None:
-            raise LedgerError(
+            raise NotADigest(
                 f"{text!r} is not a digest: expected POSITION:HASH "
                 "(a position and 64 hex digits, as printed by `alloc-ledger digest`)"
             )
@@ -345,12 +345,12 @@ def current_digest(store: Store) -> Digest:
         last = next(iter(store.read_log(head - 1, head)), None)
     if kept is None or before is None or last is None:
         where = head if kept is None else head - 1
-        raise LedgerError(
+        raise LogEdited(
             f"position {where} has no chain hash; run `alloc-ledger verify` to see where "
             "the log was tampered with"
         )
     if last.topic is None or link(before, head, last.topic, bytes(last.state)) != kept:
-        raise LedgerError(
+        raise LogEdited(
             f"the chain hash kept for position {head} does not follow from the event there "
             "and the hash before it; run `alloc-ledger verify` to see where the log was "
             "tampered with"

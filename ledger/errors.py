@@ -19,7 +19,12 @@ class LockWaitedOut(StoreUnavailable):
     """Another transaction held a lock longer than this one would wait."""
 
 
-class MadeByNewer(StoreUnavailable):
+class NeedsNewerRelease(StoreUnavailable):
+    """A store a newer alloc-ledger wrote what this one cannot use: no wait or
+    reconnection brings it back, only an upgrade."""
+
+
+class MadeByNewer(NeedsNewerRelease):
     """A store whose schema a newer alloc-ledger made: this one may not touch it."""
 
     def __init__(self, url: str, version: int, known: int) -> None:
@@ -29,7 +34,31 @@ class MadeByNewer(StoreUnavailable):
         )
 
 
-class LogEndsEarly(LedgerError):
+class RulesTooNew(NeedsNewerRelease):
+    """A kept event decided by rules newer than this release knows: this one
+    may not apply it (as a store made by a newer release: exit 3)."""
+
+    def __init__(self, position: int, rules: int, known: int) -> None:
+        super().__init__(
+            f"the kept event at position {position} was decided by rules {rules}, newer "
+            f"than this alloc-ledger's ({known}): upgrade alloc-ledger to apply it"
+        )
+
+
+class LogEdited(LedgerError):
+    """The log, its chain hashes or its id index are not as they were kept:
+    something edited them (or a bug did). ``alloc-ledger verify`` says where."""
+
+
+class NotADigest(LedgerError):
+    """Text given as a head of the chain that is not ``POSITION:HASH``."""
+
+
+class GrantRefused(LedgerError):
+    """A role the ledger may not make a reporting role, or may not grant to."""
+
+
+class LogEndsEarly(LogEdited):
     """The log ended before the head it had when a catch-up began: its last
     events were deleted meanwhile. Nothing after ``end`` is taken as applied."""
 
@@ -53,7 +82,7 @@ class OutOfRange(BadOption):
     """A position given for a range of history that the log does not hold."""
 
 
-class PositionMissing(LedgerError):
+class PositionMissing(LogEdited):
     """Positions are gapless: one that is not in the log was deleted."""
 
     def __init__(self, position: int, found: int, hint: str = "") -> None:

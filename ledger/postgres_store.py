@@ -36,7 +36,7 @@ from psycopg import sql
 from psycopg.rows import dict_row, tuple_row
 
 from ledger import postgres_writes
-from ledger.errors import LedgerError, LockWaitedOut, MadeByNewer, StoreUnavailable, first_few
+from ledger.errors import GrantRefused, LockWaitedOut, MadeByNewer, StoreUnavailable, first_few
 from ledger.postgres_handoff import TABLES as HANDOFF_TABLES
 from ledger.postgres_handoff import Handoff, connection_lost
 from ledger.postgres_preload import KNOWN_IDS, Preload, known_ids, named_by, not_cached
@@ -905,7 +905,7 @@ class PostgresStore:
             with self.datastore.get_connection() as connection, connection.transaction():
                 run = partial(_rows, connection)
                 if (why := _more_than_granted(run, role, self.schema)) is not None:
-                    raise LedgerError(f"cannot make {role} a reporting role: {why}; "
+                    raise GrantRefused(f"cannot make {role} a reporting role: {why}; "
                                       "nothing was changed: grant to a role of its own")
                 ledger = [row["n"] for row in run(  # as far as they exist
                     "SELECT n FROM unnest(%s::text[]) n "
@@ -937,21 +937,21 @@ class PostgresStore:
                     "'SELECT') OR NOT has_schema_privilege(%s::text, %s::text, 'USAGE')",
                     (names, role, self.schema, role, self.schema))]
                 if missing:
-                    raise LedgerError(_may_not_grant(role, missing))
+                    raise GrantRefused(_may_not_grant(role, missing))
                 beyond = [row["what"] for row in run(BEYOND_READING, {
                     "ledger": ledger, "names": names, "role": role, "schema": self.schema,
                     "sequences": [f'"{nsp}"."{rel}"' for nsp, rel in sequences],
                     "own_schema": self.schema != "public"})]
                 if beyond:
-                    raise LedgerError(
+                    raise GrantRefused(
                         f"cannot make {role} a reporting role: it may still {first_few(beyond)} "
                         "(as a member of a role that may, or through PUBLIC); nothing was "
                         "changed: grant to a role of its own"
                     )
         except (psycopg.Error, PersistenceError) as error:
             if _denied(error):  # a REVOKE on what it has no privilege on at all
-                raise LedgerError(_may_not_grant(role, names)) from None
-            raise LedgerError(f"cannot grant reporting to {role}: {describe(error)}") from None
+                raise GrantRefused(_may_not_grant(role, names)) from None
+            raise GrantRefused(f"cannot grant reporting to {role}: {describe(error)}") from None
         return names
 
     def close(self) -> None:

@@ -16,7 +16,7 @@ from typing import Any
 import orjson
 
 from ledger.domain import Cluster
-from ledger.errors import LedgerError, PositionMissing, RuleViolation
+from ledger.errors import LogEdited, PositionMissing, RulesTooNew, RuleViolation
 from ledger.model import RULES, Fact
 from ledger.store import Kept, LoggedEvent, logged
 
@@ -148,7 +148,7 @@ def gapless(log: Iterable[Kept], after: int = 0) -> Iterator[Kept]:
         yield stored
 
 
-def missing(position: int, found: int) -> LedgerError:
+def missing(position: int, found: int) -> PositionMissing:
     """The log skips positions: they were deleted."""
     return PositionMissing(position, found, "; alloc-ledger verify checks whether the log was edited")
 
@@ -158,27 +158,24 @@ def rules_of(state: dict[str, Any], position: int) -> int:
     rules newer than this release knows."""
     rules: int = state.get("rules", 1)
     if rules > RULES:
-        raise LedgerError(
-            f"the kept event at position {position} was decided by rules {rules}, newer "
-            f"than this alloc-ledger's ({RULES}): upgrade alloc-ledger to apply it"
-        )
+        raise RulesTooNew(position, rules, RULES)
     return rules
 
 
-def refused(position: int, violation: RuleViolation) -> LedgerError:
+def refused(position: int, violation: RuleViolation) -> LogEdited:
     """A kept event that its own rules refuse when the log is replayed: it was
     decided against tables that did not match the log before it."""
-    return LedgerError(
+    return LogEdited(
         f"the kept event at position {position} was appended, but replaying the log "
         f"refuses it ({violation}): it was decided against tables that did not match "
         "the log (were they edited?); alloc-ledger verify checks the log itself"
     )
 
 
-def unreadable(position: int | None, error: Exception) -> LedgerError:
+def unreadable(position: int | None, error: Exception) -> LogEdited:
     """A kept event that is not as it was kept: the log was edited (or a bug)."""
     where = "a kept event" if position is None else f"the kept event at position {position}"
-    return LedgerError(
+    return LogEdited(
         f"{where} cannot be read ({type(error).__name__}: {error}); "
         "alloc-ledger verify checks whether the log was edited"
     )

@@ -28,7 +28,7 @@ from typing import Any
 
 from ledger.collection import fewer_collections
 from ledger.domain import Cluster
-from ledger.errors import LedgerError
+from ledger.errors import LogEdited
 from ledger.pipeline import prompt_switches
 from ledger.records import Progress, replay_log
 from ledger.store import Store
@@ -222,7 +222,7 @@ def _against_decisions(store: Store, scratch: Scratch, report: ReplayReport) -> 
 
 def _ahead(target: int, scratch: Scratch, what: str) -> int:
     if target < scratch.position:
-        raise LedgerError(
+        raise LogEdited(
             f"{what} went back from {scratch.position} to {target} during the replay"
         )
     return target

@@ -17,7 +17,7 @@ import pytest
 
 from commands import follower
 from ledger.application import Ledger
-from ledger.errors import MadeByNewer, StoreUnavailable
+from ledger.errors import MadeByNewer, RulesTooNew, StoreUnavailable
 from ledger.store import Store, open_store
 
 LOST = "store sqlite:///x.db: disk I/O error"
@@ -28,9 +28,10 @@ class LosingStore:
     """A real store (``Store``, by delegation) that is lost at one read
     transaction: after ``fine_reads`` of them."""
 
-    def __init__(self, store: Store, fine_reads: int) -> None:
+    def __init__(self, store: Store, fine_reads: int, loss: StoreUnavailable | None = None) -> None:
         self.store = store
         self.fine_reads = fine_reads
+        self.loss = StoreUnavailable(LOST) if loss is None else loss
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.store, name)
@@ -38,7 +39,7 @@ class LosingStore:
     def reading(self) -> Any:
         if self.fine_reads == 0:
             self.fine_reads = -1
-            raise StoreUnavailable(LOST)
+            raise self.loss
         self.fine_reads -= 1
         return self.store.reading()
 
@@ -46,7 +47,8 @@ class LosingStore:
 class Opener:
     """Opens the real ledger as the script says, one entry per try: a number
     opens it, to be lost after that many read transactions; "refuse" is a
-    store that does not answer."""
+    store that does not answer; "newer" a store a newer release made; "rules"
+    a store whose next event a newer release decided."""
 
     def __init__(self, *script: int | str) -> None:
         self.script = list(script)
@@ -61,7 +63,9 @@ class Opener:
         if step == "newer":  # upgraded meanwhile by a newer release
             raise MadeByNewer("sqlite:///x.db", 9, 2)
         store = open_store(url, create=create)
-        ledger = Ledger(LosingStore(store, int(step)))  # type: ignore[arg-type]
+        losing = LosingStore(store, 1, RulesTooNew(2, 9, 2)) if step == "rules" else LosingStore(
+            store, int(step))
+        ledger = Ledger(losing)  # type: ignore[arg-type]
         self.opened.append(ledger)
         return ledger
 
@@ -133,6 +137,17 @@ def test_a_store_a_newer_release_made_meanwhile_ends_the_follower_at_once(url, c
         follow(url, opener, clock, capsys)
 
     assert clock.waited == [1, 2]  # no wait after it: none would bring the store back
+
+
+def test_an_event_a_newer_release_decided_ends_the_follower_at_once(url, capsys):
+    opener = Opener(2, "rules", 0)
+    clock = Clock(waits=5)
+
+    with pytest.raises(RulesTooNew, match=r"decided by rules 9, newer than this alloc-ledger's"):
+        follow(url, opener, clock, capsys)
+
+    assert clock.waited == [1]  # the wait after the first loss only: none brings this back
+    assert len(opener.script) == 1  # and no reopening after it
 
 
 def test_no_reconnect_raises_at_the_first_loss(url, capsys):
