@@ -56,8 +56,9 @@ from projections.rows import ChangedRows, Statements
 
 # 2: the handoff tables (ledger.postgres_handoff); 3: handoff.inline;
 # 4: nodes.health_reason, zombie_slots; 5: needs_reconnect.expired, no
-# zombie slots on removed nodes (``projections.tables.upgrade``)
-SCHEMA_VERSION = 5
+# zombie slots on removed nodes (``projections.tables.upgrade``); 6: view
+# positions (``projections.tables.create_log_views``)
+SCHEMA_VERSION = 6
 MARK = f"alloc-ledger schema {SCHEMA_VERSION}"
 MARKED = re.compile(r"alloc-ledger schema (\d+)")
 PAGE = 5000
@@ -526,7 +527,7 @@ class PostgresStore:
         library's tracking table, which a ledger made halfway leaves, empty),
         and a log that holds events. A ledger of a release before the mark
         is known by its chain hashes: nothing of it is foreign."""
-        names = (*OWN_TABLES, *tables.TABLES, *tables.VIEWS, tables.STATUS_VIEW)
+        names = (*OWN_TABLES, *tables.TABLES, *tables.ALL_VIEWS)
         try:
             present = [row[0] for row in connection.execute(
                 "SELECT c.relname FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace "
@@ -611,8 +612,9 @@ class PostgresStore:
             for prefix in ("", STATE_PREFIX):
                 tables.create(cursor, self.dialect, prefix=prefix)
                 tables.upgrade(cursor, self.dialect, prefix=prefix)  # made by an earlier version
-            if tables.create_status_view(cursor, self.dialect, str(self.stream), PROJECTIONS):
-                self._grant_like(cursor, tables.STATUS_VIEW, "needs_reconnect")
+            for view in tables.create_log_views(
+                    cursor, self.dialect, str(self.stream), PROJECTIONS):
+                self._grant_like(cursor, view, "needs_reconnect")
             for statement in HANDOFF_TABLES:
                 cursor.execute(statement)
             cursor.execute(

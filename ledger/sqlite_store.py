@@ -327,7 +327,7 @@ class SQLiteStore:
                     for statement in ID_GUARDS:
                         cursor.execute(statement)
                     tables.create_views(cursor, self.dialect)
-                    tables.create_status_view(cursor, self.dialect, self.stream, PROJECTIONS)
+                    tables.create_log_views(cursor, self.dialect, self.stream, PROJECTIONS)
             return
         try:
             self.recorder.create_table()
@@ -340,7 +340,7 @@ class SQLiteStore:
             for statement in APPEND_ONLY + ID_GUARDS:
                 cursor.execute(statement)
             tables.create(cursor, self.dialect)
-            tables.create_status_view(cursor, self.dialect, self.stream, PROJECTIONS)
+            tables.create_log_views(cursor, self.dialect, self.stream, PROJECTIONS)
             tables.upgrade(cursor, self.dialect)  # a store of an earlier version
             cursor.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
 

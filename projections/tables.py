@@ -133,30 +133,57 @@ def create_statements(prefix: str = "", dialect: str = "sqlite") -> list[str]:
     ]
 
 
-# How far the projection tables have read the log, for readers who may not
-# read the log or ``tracking`` (a PostgreSQL view runs as its owner).
+# Views of the log for readers who may not read it or ``tracking`` (a
+# PostgreSQL view runs as its owner): how far the projection tables have
+# read it, and what each position is (its type and times, so a reporting
+# tool can turn a ``since_position`` into a time).
 STATUS_VIEW = "projection_status"
-ALL_VIEWS = (*VIEWS, STATUS_VIEW)
+POSITIONS_VIEW = "positions"
+LOG_VIEWS = (STATUS_VIEW, POSITIONS_VIEW)
+ALL_VIEWS = (*VIEWS, *LOG_VIEWS)
 REPORTED = (*TABLES, *ALL_VIEWS)  # what a reporting tool reads
+# The JSON of a kept event (``ledger.records``), as each database reads it.
+_KEPT = {
+    "sqlite": "CAST(e.state AS TEXT)",
+    "postgresql": "convert_from(e.state, 'UTF8')::json",
+}
+_FIELD = {
+    "sqlite": lambda kept, *path: f"json_extract({kept}, '$.{'.'.join(path)}')",
+    "postgresql": lambda kept, *path: f"({kept} #>> '{{{','.join(path)}}}')",
+}
 
 
-def create_status_view(cursor: Any, dialect: str, stream: str, application: str) -> bool:
-    """The view of the live tables' lag behind the log (once): ``stream``
-    is the log's, ``application`` the projections' row in ``tracking``.
-    Whether it was made now."""
-    cursor.execute(view_exists_check(dialect, STATUS_VIEW))
-    if cursor.fetchone() is not None:
-        return False
-    cursor.execute(
-        f"""CREATE VIEW {STATUS_VIEW} AS
+def log_view_statements(dialect: str, stream: str, application: str) -> dict[str, str]:
+    """The log's views: ``stream`` is the log's, ``application`` the
+    projections' row in ``tracking``."""
+    field = _FIELD[dialect]
+    kept = "k.kept"
+    return {
+        STATUS_VIEW: f"""CREATE VIEW {STATUS_VIEW} AS
         SELECT h.head AS head_position, t.projected AS projected_position,
                h.head - t.projected AS lag
         FROM (SELECT COALESCE(MAX(originator_version), 0) AS head FROM stored_events
               WHERE originator_id = '{stream}') h,
              (SELECT COALESCE(MAX(notification_id), 0) AS projected FROM tracking
-              WHERE application_name = '{application}') t"""
-    )
-    return True
+              WHERE application_name = '{application}') t""",
+        POSITIONS_VIEW: f"""CREATE VIEW {POSITIONS_VIEW} AS
+        SELECT k.position, {field(kept, "event", "type")} AS type,
+               {field(kept, "event", "at")} AS at, {field(kept, "recorded_at")} AS recorded_at,
+               CASE WHEN k.topic = 'rejected' THEN 1 ELSE 0 END AS rejected
+        FROM (SELECT e.originator_version AS position, e.topic, {_KEPT[dialect]} AS kept
+              FROM stored_events e WHERE e.originator_id = '{stream}') k""",
+    }
+
+
+def create_log_views(cursor: Any, dialect: str, stream: str, application: str) -> list[str]:
+    """The log's views that are missing (once); the names of those made now."""
+    made = []
+    for name, statement in log_view_statements(dialect, stream, application).items():
+        cursor.execute(view_exists_check(dialect, name))
+        if cursor.fetchone() is None:
+            cursor.execute(statement)
+            made.append(name)
+    return made
 
 
 def view_exists_check(dialect: str, name: str) -> str:

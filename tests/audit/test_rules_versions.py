@@ -153,7 +153,7 @@ def made_by_the_last_version(target: StoreUnderTest) -> None:
     """Turn a store back into what the first version made: no
     ``nodes.health_reason``, the old ``zombie_slots`` (which counted removed
     nodes' reports) and ``needs_reconnect`` (without ``expired``), the old
-    schema mark; and no ``projection_status``."""
+    schema mark; and no ``projection_status`` or ``positions``."""
     statements = tables.create_statements(dialect=target.dialect)
     old_zombies = next(s for s in statements if s.startswith("CREATE VIEW zombie_slots "))
     old_zombies = re.sub(r"\n *JOIN nodes n ON [^\n]*", "", old_zombies).replace(
@@ -172,6 +172,7 @@ def made_by_the_last_version(target: StoreUnderTest) -> None:
                        .replace("FROM allocations", f"FROM {prefix}allocations"))
         target.sql(f"ALTER TABLE {prefix}nodes DROP COLUMN health_reason")
     target.sql("DROP VIEW projection_status")
+    target.sql("DROP VIEW positions")
     if target.dialect == "sqlite":
         target.sql("PRAGMA user_version = 1")
     else:
@@ -216,14 +217,18 @@ def test_a_store_of_the_last_version_is_upgraded_when_opened_and_replays_alike(
     assert under_test.columns("needs_reconnect")[-1] == "expired"
     head = under_test.sql("SELECT MAX(originator_version) FROM stored_events")[0][0]
     assert under_test.sql("SELECT head_position, lag FROM projection_status") == [(head, 0)]
+    assert under_test.sql(
+        "SELECT position, type, rejected FROM positions WHERE position IN (3, 6) ORDER BY position"
+    ) == [(3, "node-suspected", 0), (6, "alloc-placed", 1)]  # a1 refused: n1 is down
     if under_test.dialect == "sqlite":
         assert under_test.sql("PRAGMA user_version") == [(3,)]
     else:
         assert under_test.sql(
             "SELECT has_table_privilege('public', 'zombie_slots', 'SELECT'), "
             "has_table_privilege('public', 'needs_reconnect', 'SELECT'), "
-            "has_table_privilege('public', 'projection_status', 'SELECT')"
-        ) == [(True, True, True)]  # who read the views reads the new one
+            "has_table_privilege('public', 'projection_status', 'SELECT'), "
+            "has_table_privilege('public', 'positions', 'SELECT')"
+        ) == [(True, True, True, True)]  # who read the views reads the new ones
 
 
 LOSSES = [

@@ -1616,7 +1616,8 @@ def test_a_view_dropped_by_hand_is_made_again_as_it_was_when_the_store_is_next_o
     assert json.loads(invoke(store(url, "query", "needs-reconnect", "--format", "json")).stdout) == []
     with closing(sqlite3.connect(tmp_path / "ledger.db")) as db:
         assert db.execute(views).fetchall() == made
-    assert [name for name, _ in made] == ["needs_reconnect", "projection_status", "zombie_slots"]
+    assert [name for name, _ in made] == [
+        "needs_reconnect", "positions", "projection_status", "zombie_slots"]
 
 
 def test_a_table_dropped_by_hand_is_not_made_again_empty(tmp_path):

@@ -117,7 +117,7 @@ def answers(connection: Any, statement: str) -> list[tuple[Any, ...]]:
 
 def test_the_readme_s_portable_sql_gives_the_same_answers_on_both_stores(two_stores):
     statements, _ = sql_blocks()
-    assert len(statements) == 6
+    assert len(statements) == 7
 
     found = [(answers(two_stores["sqlite"], s), answers(two_stores["postgresql"], s))
              for s in statements]

@@ -79,6 +79,38 @@ def test_the_rules_answer_alike_in_both_stores(store_url, tables, project):
     assert read.value("SELECT COUNT(*) FROM rejections") == 3
 
 
+def test_the_positions_view_tells_each_position_s_type_and_times(store_url, tables, project):
+    """A reporting role may not read the log: ``positions`` turns a
+    ``since_position`` into a time (and tells the refused events)."""
+    with Ledger.open(store_url) as ledger:
+        for event in (
+            {"type": "node-registered", "node": "n1", "at": "2026-01-01T12:00:00Z"},
+            {"type": "alloc-placed", "alloc": "a1", "node": "n1", "at": "2026-01-01T12:00:05+01:00"},
+            {"type": "heartbeat", "node": "n1", "at": "2026-01-01T12:00:10.5Z"},
+            {"type": "node-down", "node": "n1", "at": "2026-01-01T12:01:00Z"},
+            {"type": "heartbeat-missed", "node": "n1"},
+        ):
+            ledger.submit(event)
+    project(store_url)
+    read = tables(store_url)
+
+    rows = read.rows("SELECT * FROM positions ORDER BY position")
+
+    assert [(r["position"], r["type"], r["at"], r["rejected"]) for r in rows[:4]] == [
+        (1, "node-registered", "2026-01-01T12:00:00.000000Z", 0),
+        (2, "alloc-placed", "2026-01-01T11:00:05.000000Z", 1),  # n1 is initializing
+        (3, "heartbeat", "2026-01-01T12:00:10.500000Z", 0),
+        (4, "node-down", "2026-01-01T12:01:00.000000Z", 0),
+    ]
+    assert list(rows[0]) == ["position", "type", "at", "recorded_at", "rejected"]
+    assert rows[4]["at"] == rows[4]["recorded_at"]  # no at: the time received
+    assert all(len(r["recorded_at"]) == 27 and r["recorded_at"].endswith("Z") for r in rows)
+    assert read.rows(
+        "SELECT n.node, n.status, p.at AS since FROM nodes n "
+        "JOIN positions p ON p.position = n.since_position"
+    ) == [{"node": "n1", "status": "down", "since": "2026-01-01T12:01:00.000000Z"}]
+
+
 def test_positions_and_ids_survive_reopening(store_url):
     story(store_url)
 
