@@ -59,6 +59,12 @@ from projections.rows import ChangedRows, Statements
 # zombie slots on removed nodes (``projections.tables.upgrade``); 6: view
 # positions (``projections.tables.create_log_views``)
 SCHEMA_VERSION = 6
+# The tables the event recorder makes first, as it makes them: a schema that
+# holds only these (the log empty) holds a ledger whose creation was cut short.
+RECORDER_COLUMNS = {
+    "stored_events": ("originator_id", "originator_version", "topic", "state", "notification_id"),
+    "tracking": ("application_name", "notification_id"),
+}
 MARK = f"alloc-ledger schema {SCHEMA_VERSION}"
 MARKED = re.compile(r"alloc-ledger schema (\d+)")
 PAGE = 5000
@@ -529,15 +535,21 @@ class PostgresStore:
         is known by its chain hashes: nothing of it is foreign."""
         names = (*OWN_TABLES, *tables.TABLES, *tables.ALL_VIEWS)
         try:
-            present = [row[0] for row in connection.execute(
-                "SELECT c.relname FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace "
+            present = dict(connection.execute(  # each with its columns
+                "SELECT c.relname, (SELECT array_agg(a.attname::text ORDER BY a.attnum) "
+                "FROM pg_attribute a WHERE a.attrelid = c.oid AND a.attnum > 0 "
+                "AND NOT a.attisdropped) FROM pg_class c "
+                "JOIN pg_namespace n ON n.oid = c.relnamespace "
                 "WHERE n.nspname = %s AND c.relkind IN ('r', 'v', 'm', 'p', 'f') "
-                "AND c.relname = ANY(%s) ORDER BY 1", (self.schema, list(names)))]
+                "AND c.relname = ANY(%s) ORDER BY 1", (self.schema, list(names))).fetchall())
             if "event_hashes" in present:
                 return []
-            found = [name for name in present if name not in ("stored_events", TRACKING)]
-            if "stored_events" in present and _value(connection, sql.SQL(
-                    "SELECT EXISTS (SELECT FROM {})").format(
+            odd = [name for name in RECORDER_COLUMNS
+                   if name in present and tuple(present[name] or ()) != RECORDER_COLUMNS[name]]
+            found = [f"{name} (of other columns)" for name in odd] + [
+                name for name in present if name not in RECORDER_COLUMNS]
+            if "stored_events" in present and "stored_events" not in odd and _value(
+                    connection, sql.SQL("SELECT EXISTS (SELECT FROM {})").format(
                         sql.Identifier(self.schema, "stored_events"))):
                 found.append("stored_events (with events)")
             return found

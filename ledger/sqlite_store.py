@@ -94,11 +94,27 @@ def _tables_unless_ledger(uri: str) -> list[str] | None:
     so that opening it reports why."""
     try:
         with closing(sqlite3.connect(uri, uri=True)) as probe:
-            if probe.execute("PRAGMA user_version").fetchone()[0]:
+            cursor = probe.cursor()
+            if _ledger_version(cursor):
                 return None
-            return _other_tables(probe.cursor())
+            return _other_tables(cursor)
     except sqlite3.Error:
         return None
+
+
+# What every release made beside its schema version: another application's
+# file may set a user_version of its own, and is no ledger for that.
+LEDGER_TABLES = ("stored_events", "nodes")
+
+
+def _ledger_version(cursor: sqlite3.Cursor) -> int:
+    """The schema version of the ledger a file holds (0: none)."""
+    cursor.execute(
+        "SELECT user_version, (SELECT COUNT(*) FROM sqlite_master WHERE type = 'table' "
+        f"AND name IN ({', '.join('?' * len(LEDGER_TABLES))})) FROM pragma_user_version",
+        LEDGER_TABLES)
+    version, found = cursor.fetchone()
+    return int(version) if found == len(LEDGER_TABLES) else 0
 
 
 def _other_tables(cursor: sqlite3.Cursor) -> list[str]:
@@ -111,12 +127,24 @@ def _other_tables(cursor: sqlite3.Cursor) -> list[str]:
         "AND name NOT LIKE 'sqlite\\_%' ESCAPE '\\' ORDER BY name"
     )
     names = [row[0] for row in cursor.fetchall()]
-    others = [name for name in names if name not in ("stored_events", "tracking")]
-    if "stored_events" in names:
+    others = [name for name in names if name not in RECORDER_COLUMNS]
+    for table in (name for name in RECORDER_COLUMNS if name in names):
+        cursor.execute(f"SELECT name FROM pragma_table_info('{table}') ORDER BY cid")
+        if tuple(row[0] for row in cursor.fetchall()) != RECORDER_COLUMNS[table]:
+            others.insert(0, f"{table} (of other columns)")
+    if "stored_events" in names and "stored_events" not in " ".join(others):
         cursor.execute("SELECT 1 FROM stored_events LIMIT 1")
         if cursor.fetchone() is not None:
             others.insert(0, "stored_events (with events)")
     return others
+
+
+# The tables the event recorder makes first, as it makes them: a file that
+# holds only these (the log empty) is a ledger whose creation was cut short.
+RECORDER_COLUMNS = {
+    "stored_events": ("originator_id", "originator_version", "topic", "state"),
+    "tracking": ("application_name", "notification_id"),
+}
 
 
 def not_a_ledger(url: str, path: str, others: list[str], advice: str) -> StoreUnavailable:
@@ -301,14 +329,15 @@ class SQLiteStore:
 
     def _create_schema(self) -> None:
         with self.reading() as cursor:
+            version = _ledger_version(cursor)
             cursor.execute(
-                "SELECT user_version, (SELECT COUNT(*) FROM sqlite_master WHERE type = 'trigger' "
+                "SELECT (SELECT COUNT(*) FROM sqlite_master WHERE type = 'trigger' "
                 f"AND name IN ({', '.join('?' * len(ID_GUARD_NAMES))})), "
                 "(SELECT COUNT(*) FROM sqlite_master WHERE type = 'view' "
-                f"AND name IN ({', '.join('?' * len(tables.ALL_VIEWS))})) FROM pragma_user_version",
+                f"AND name IN ({', '.join('?' * len(tables.ALL_VIEWS))}))",
                 (*ID_GUARD_NAMES, *tables.ALL_VIEWS),
             )
-            version, guards, views = cursor.fetchone()
+            guards, views = cursor.fetchone()
             if version > SCHEMA_VERSION:
                 raise MadeByNewer(self.url, version, SCHEMA_VERSION)
             if version == 0:

@@ -708,7 +708,16 @@ READING = [
       "state BLOB, PRIMARY KEY (originator_id, originator_version)); "
       "INSERT INTO stored_events VALUES ('x', 1, 'app:Created', x'7b7d')"),  # another application's
      "stored_events (with events)"),
-], ids=["other tables", "an event store with events"])
+    ("CREATE TABLE stored_events (id INTEGER, body TEXT)", "stored_events (of other columns)"),
+    ("CREATE TABLE tracking (job TEXT)", "tracking (of other columns)"),
+    # a schema version of its own: an earlier ledger's (1..3) or a newer one's (99)
+    ("CREATE TABLE invoices (x); PRAGMA user_version = 2", "invoices"),
+    ("CREATE TABLE nodes (id INTEGER PRIMARY KEY, hostname TEXT); PRAGMA user_version = 3",
+     "nodes"),
+    ("CREATE TABLE invoices (x); PRAGMA user_version = 99", "invoices"),
+], ids=["other tables", "an event store with events", "an empty event store of its own",
+        "a tracking table of its own", "a version of its own", "a version and nodes of its own",
+        "a version beyond this release's"])
 @pytest.mark.parametrize(("args", "advice"), [
     (["submit", "node-registered", "--node", "n1"], "name a new file for the ledger"),
     *[(args, "check --store") for args in READING],  # not "nothing has been submitted to it"
@@ -717,6 +726,7 @@ def test_a_database_of_something_else_is_left_as_it_is(tmp_path, script, tables,
     with closing(sqlite3.connect(tmp_path / "other.db")) as other, other:
         other.executescript(script)
         before = other.execute("SELECT * FROM sqlite_master ORDER BY name").fetchall()
+        version = other.execute("PRAGMA user_version").fetchone()
     url = f"sqlite:///{tmp_path}/other.db"
     result = invoke(store(url, *args), code=3)
     one_line_store_error(
@@ -725,7 +735,7 @@ def test_a_database_of_something_else_is_left_as_it_is(tmp_path, script, tables,
     )
     with closing(sqlite3.connect(tmp_path / "other.db")) as other:
         after = other.execute("SELECT * FROM sqlite_master ORDER BY name").fetchall()
-        assert (after, other.execute("PRAGMA user_version").fetchone()) == (before, (0,))
+        assert (after, other.execute("PRAGMA user_version").fetchone()) == (before, version)
 
 
 def test_a_store_of_a_newer_schema_is_refused_untouched(tmp_path):

@@ -509,9 +509,13 @@ def test_a_role_whose_connection_limit_a_combining_writer_exceeds_is_told_why(
     ("CREATE VIEW {s}.slots AS SELECT 1 AS one; CREATE TABLE {s}.allocations (x int)",
      "allocations, slots"),
     (("CREATE TABLE {s}.stored_events (originator_id uuid, originator_version int, topic text, "
-     "state bytea); INSERT INTO {s}.stored_events VALUES (gen_random_uuid(), 1, 'x', 'y')"),
+     "state bytea, notification_id bigserial); "
+     "INSERT INTO {s}.stored_events VALUES (gen_random_uuid(), 1, 'x', 'y')"),
      "stored_events (with events)"),
-], ids=["a table", "a view and a table", "another application's log"])
+    ("CREATE TABLE {s}.stored_events (id int, body text)", "stored_events (of other columns)"),
+    ("CREATE TABLE {s}.tracking (job text)", "tracking (of other columns)"),
+], ids=["a table", "a view and a table", "another application's log",
+        "another application's empty log", "another application's tracking"])
 def test_a_schema_of_something_else_is_refused_and_left_as_it_is(
     pg_dsn, pg_schema, pg_admin, fails_to_open, script, named
 ):
