@@ -165,6 +165,9 @@ def test_a_line_in_another_encoding_is_named_as_not_utf8(line: bytes, error: str
     ({"type": "node-registered", "node": "n1\x1c"}, "node"),  # not \s to Rust, \s to Python
     ({"type": "node-registered", "node": "\ufeffn1"}, "node"),  # \s to ECMA-262 only
     ({"type": "node-registered", "node": "n1\u200b"}, "node"),  # invisible, \s to none
+    *[({"type": "node-registered", "node": f"{c}n1"}, "node")  # invisible, drawn blank
+      for c in "\u00ad\u034f\u061c\u115f\u200e\u2064\u2800\u3164\ufe0f\uffa0"],
+    ({"type": "alloc-placed", "alloc": "a1\u180b", "node": "n1"}, "alloc"),
     ({"type": "alloc-placed", "alloc": " a1", "node": "n1"}, "alloc"),
     ({"type": "alloc-placed", "alloc": "a#1 ", "node": "n1"}, "alloc"),
     ({"type": "alloc-placed", "alloc": "a1", "node": "n1", "job": "web\t"}, "job"),
@@ -180,6 +183,31 @@ def test_a_new_name_that_starts_or_ends_with_white_space_is_invalid(
     assert outcome(event) == (
         "invalid", f"field '{field}': must not start or end with white space or an invisible character")
     assert not schema_validator().is_valid(event)
+
+
+@pytest.mark.parametrize(("event", "field"), [
+    ({"type": "node-registered", "node": "\u202eq"}, "node"),
+    ({"type": "node-registered", "node": "n\u2066x\u2069"}, "node"),
+    ({"type": "alloc-placed", "alloc": "a\u202d1", "node": "n1"}, "alloc"),
+    ({"type": "alloc-placed", "alloc": "a1", "node": "n1", "addresses": ["10.0.\u202e5.0"]},
+     "addresses.0"),
+    ({"type": "heartbeat", "node": "n1", "id": "k\u202a1"}, "id"),
+])
+def test_a_new_name_with_a_control_of_text_direction_anywhere_is_invalid(
+    event: dict, field: str
+) -> None:
+    """It would show as another name ("Trojan Source")."""
+    assert outcome(event) == ("invalid", (
+        f"field '{field}': must not contain a control of text direction "
+        "(U+202A to U+202E, U+2066 to U+2069)"))
+    assert not schema_validator().is_valid(event)
+
+
+def test_a_joiner_inside_a_new_name_is_taken() -> None:
+    """U+200C and U+200D join letters in Persian or Devanagari words."""
+    event = {"type": "node-registered", "node": "\u0645\u06cc\u200c\u062e\u0648\u0627\u0647\u0645"}
+    assert outcome(event)[0] == "valid"
+    assert schema_validator().is_valid(event)
 
 
 def test_a_node_name_with_a_hash_and_white_space_is_named_for_the_hash() -> None:
