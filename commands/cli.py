@@ -13,7 +13,7 @@ from typing import Any
 import click
 from click.core import ParameterSource
 
-from commands.console import Interrupted, Terminated, interrupted
+from commands.console import Interrupted, interrupted, signal_of
 from commands.output import output_lost, printable, require_stdout, write
 from ledger.errors import BadOption, LedgerError, StoreUnavailable
 from ledger.store import Store
@@ -126,7 +126,7 @@ class LedgerGroup(click.Group):
         except KeyboardInterrupt as stop:  # Ctrl-C: what was reported before it is kept
             if isinstance(stop, Interrupted):
                 raise interrupted(stop.detail, stop.terminated) from None
-            raise interrupted(terminated=isinstance(stop, Terminated)) from None
+            raise interrupted(terminated=signal_of(stop)) from None
         except OSError as error:
             if error.errno in STDOUT_FAILURES:  # click's own text (a command's --help)
                 raise output_lost(error) from None

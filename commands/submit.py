@@ -16,7 +16,7 @@ from typing import IO, Any
 import click
 
 from commands.cli import STORE_GOES_FIRST, store_of
-from commands.console import Interrupted, Terminated, terminated_as_interrupted
+from commands.console import Interrupted, signal_of, terminated_as_interrupted
 from commands.output import ClosedStream, json_text, write
 from ledger.application import Ledger, Receipt
 from ledger.errors import InvalidEvent, LedgerError, StoreUnavailable
@@ -320,7 +320,7 @@ def _print(
                            f"{tally['invalid']} invalid", err=True, nl=False)
     except KeyboardInterrupt as stop:
         _clear(progress)
-        raise Interrupted(_kept_until(*done), terminated=isinstance(stop, Terminated)) from None
+        raise Interrupted(_kept_until(*done), terminated=signal_of(stop)) from None
     except LedgerError as error:  # the store lost mid-stream: say how far it got
         _clear(progress)
         if not done[1]:

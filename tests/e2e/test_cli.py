@@ -431,6 +431,7 @@ def test_submit_stdin_through_a_pipe(url):
 @pytest.mark.parametrize(("sig", "code", "what"), [
     (signal.SIGINT, 130, "interrupted"),  # Ctrl-C
     (signal.SIGTERM, 143, "terminated"),  # a service manager's stop
+    (signal.SIGHUP, 129, "hung up"),  # the terminal or ssh session closed
 ])
 @pytest.mark.parametrize("quiet", [False, True])
 def test_ctrl_c_on_a_stream_exits_130_in_one_line_saying_what_was_kept(url, quiet, sig, code, what):
@@ -458,6 +459,24 @@ def test_ctrl_c_on_a_stream_exits_130_in_one_line_saying_what_was_kept(url, quie
         "(1 appended, 0 duplicate, 1 rejected, 0 invalid); later ones may be kept too "
         "(resubmit with ids to learn which: kept ones answer duplicate)\n"))
     assert json.loads(invoke(store(url, "query", "nodes")).stdout)[0]["node"] == "n1"
+
+
+def test_a_stream_started_with_sighup_ignored_goes_on_when_it_comes(url):
+    """``nohup alloc-ledger submit …``: a closed terminal does not end it."""
+    writer = subprocess.Popen(
+        [sys.executable, "-m", "commands", "--store", url, "submit", "-"],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        preexec_fn=lambda: signal.signal(signal.SIGHUP, signal.SIG_IGN),  # as nohup does
+    )
+    assert writer.stdin is not None and writer.stdout is not None
+    writer.stdin.write(lines({"type": "node-registered", "node": "n1"}))
+    writer.stdin.flush()
+    assert writer.stdout.readline() == result_line(1, "appended", 1)
+
+    writer.send_signal(signal.SIGHUP)
+    out, errors = writer.communicate(lines({"type": "heartbeat", "node": "n1"}), timeout=60)
+
+    assert (writer.returncode, out, errors) == (0, result_line(2, "appended", 2), "")
 
 
 def test_a_store_lost_mid_stream_says_how_far_it_got(tmp_path, url, monkeypatch):

@@ -186,7 +186,7 @@ def test_project_applies_in_batches_and_reports_the_span(pg_url, alloc_ledger, t
     assert tables(pg_url).tracked() == 3
 
 
-@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM, signal.SIGHUP])
 def test_follow_on_sqlite_polls_and_stops_cleanly(tmp_path, sig):
     url = f"sqlite:///{tmp_path}/l.db"
     follower = Follower(url, batch=10)

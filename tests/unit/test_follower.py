@@ -165,9 +165,9 @@ def test_every_ledger_it_opened_is_closed(url, capsys, monkeypatch):
     assert closed == opener.opened
 
 
-def test_the_follower_puts_back_the_sigterm_handler_it_found(url, capsys):
-    before = signal.getsignal(signal.SIGTERM)
+def test_the_follower_puts_back_the_sigterm_and_sighup_handlers_it_found(url, capsys):
+    before = [signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGHUP)]
 
     follow(url, Opener(2, "refuse"), Clock(waits=1), capsys)
 
-    assert signal.getsignal(signal.SIGTERM) is before
+    assert [signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGHUP)] == before
