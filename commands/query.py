@@ -98,6 +98,25 @@ def _named(name: str, help_text: str) -> Callable[[Callable[..., Any]], click.Co
     return decorate
 
 
+class NameType(click.ParamType):  # type: ignore[type-arg]  # generic from click 8.2 on
+    """A name as the ledger keeps it: UTF-8 text (a command line in another
+    encoding arrives as undecodable bytes) that is not empty."""
+
+    name = "name"
+
+    def __init__(self, what: str) -> None:
+        self.what = what
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        text = str(value)
+        if any("\ud800" <= char <= "\udfff" for char in text):
+            shown = text.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+            self.fail(f"{shown} is not UTF-8 (the ledger's names are UTF-8 text)", param, ctx)
+        if not text.strip():
+            self.fail(f"{self.what} is needed, not an empty text", param, ctx)
+        return text
+
+
 @_named("needs-reconnect", """Allocations whose last alloc state is unknown (Nomad NeedsToReconnect).
 
     Example: alloc-ledger query needs-reconnect --now 2026-01-01T00:10:00Z""")
@@ -124,7 +143,7 @@ def zombie_slots(ctx: click.Context, as_of: str | None, fmt: str | None) -> None
 @_named("slots", """The slot table per node: the ledger's view and the node's last report.
 
     Example: alloc-ledger query slots --node n1""")
-@click.option("--node", help="Only this node.")
+@click.option("--node", type=NameType("a node name"), help="Only this node.")
 def slots(ctx: click.Context, as_of: str | None, fmt: str | None, node: str | None) -> None:
     with answering(ctx, as_of) as (q, position, _):
         found = q.slots(node)
@@ -154,8 +173,8 @@ def nodes(ctx: click.Context, as_of: str | None, fmt: str | None) -> None:
 @_named("allocs", """Allocations (not yet removed), optionally filtered.
 
     Example: alloc-ledger query allocs --node n1 --status running""")
-@click.option("--node", help="Only allocations on this node.")
-@click.option("--job", help="Only allocations of this job.")
+@click.option("--node", type=NameType("a node name"), help="Only allocations on this node.")
+@click.option("--job", type=NameType("a job name"), help="Only allocations of this job.")
 @click.option(
     "--status", type=click.Choice(sorted(LIVE | TERMINAL)),
     help="Only allocations with this client status.",
@@ -174,9 +193,8 @@ def allocs(
 @_named("alloc", """One allocation with its alloc states and its history.
 
     Example: alloc-ledger query alloc a1""")
-@click.argument("alloc_id", metavar="ALLOC")
+@click.argument("alloc_id", metavar="ALLOC", type=NameType("an allocation id"))
 def alloc(ctx: click.Context, as_of: str | None, fmt: str | None, alloc_id: str) -> None:
-    _named_entity(alloc_id, "ALLOC", "an allocation id")
     with answering(ctx, as_of) as (q, position, _):
         found = q.alloc(alloc_id)
     with opened(ctx) as store:
@@ -189,9 +207,6 @@ def alloc(ctx: click.Context, as_of: str | None, fmt: str | None, alloc_id: str)
     emit_object(found, fmt)
 
 
-def _named_entity(name: str, hint: str, what: str) -> None:
-    if not name.strip():
-        raise click.BadParameter(f"{what} is needed, not an empty text", param_hint=hint)
 
 
 @_named("addresses", """Held addresses: held, or releasing once a stop or removal is requested.
@@ -221,9 +236,9 @@ def rejections(ctx: click.Context, as_of: str | None, fmt: str | None) -> None:
 @_named("history", """Every event and rejection touching a node, allocation, slot (n1#0) or address.
 
     Example: alloc-ledger query history n1#0""")
-@click.argument("entity")
+@click.argument(
+    "entity", type=NameType("a node, allocation, slot (n1#0) or address"))
 def history(ctx: click.Context, as_of: str | None, fmt: str | None, entity: str) -> None:
-    _named_entity(entity, "ENTITY", "a node, allocation, slot (n1#0) or address")
     point = _point(as_of)
     with opened(ctx) as store:
         upto = None

@@ -555,7 +555,7 @@ def test_submit_quiet_exits_0_when_everything_was_appended(tmp_path, url):
 
 # -- usage errors: exit 2 -----------------------------------------------------------
 
-COMMAND_NAMES = {"submit", "query", "nodes", "allocs", "alloc", "history", "needs-reconnect",
+COMMAND_NAMES = {"submit", "query", "nodes", "allocs", "alloc", "history", "needs-reconnect", "slots",
                  "replay", "audit"}
 
 
@@ -614,13 +614,19 @@ COMMAND_NAMES = {"submit", "query", "nodes", "allocs", "alloc", "history", "need
         (["replay", "--to", " 3"], "Invalid value for '--to': ' 3' is not a position (digits 0-9)"),
         (["audit", "--from", "\u0663"],
          "Invalid value for '--from': '\u0663' is not a position (digits 0-9)"),
-        (["query", "history", ""], ("Invalid value for ENTITY: a node, allocation, slot (n1#0) "
+        (["query", "history", ""], ("Invalid value for 'ENTITY': a node, allocation, slot (n1#0) "
                                     "or address is needed, not an empty text")),
+        (["query", "history", "n\udcff1"],  # the byte 0xff, as Python reads it from argv
+         "Invalid value for 'ENTITY': n\\xff1 is not UTF-8 (the ledger's names are UTF-8 text)"),
+        (["query", "allocs", "--job", "w\udce9b"],
+         "Invalid value for '--job': w\\xe9b is not UTF-8 (the ledger's names are UTF-8 text)"),
+        (["query", "slots", "--node", ""],
+         "Invalid value for '--node': a node name is needed, not an empty text"),
         (["submit", "heartbeat", "--node", "--slots", "[]"],
          ("--node needs a value, not the flag --slots (a value that starts with -- is written "
           "--node=--slots)")),
         (["query", "alloc", " "],
-         "Invalid value for ALLOC: an allocation id is needed, not an empty text"),
+         "Invalid value for 'ALLOC': an allocation id is needed, not an empty text"),
     ],
     ids=lambda v: " ".join(v) if isinstance(v, list) else None,
 )
