@@ -32,6 +32,10 @@ DESIRED_ORDER = {"run": 0, "stop": 1, "remove": 2}
 # it went down.
 RULES = 3
 
+# A deadline past the year 9999, as the one text form writes it: it never
+# expires (no --now reaches past it).
+NEVER = datetime.max.isoformat(timespec="microseconds") + "Z"
+
 
 @dataclass(slots=True)
 class Fact:
@@ -106,7 +110,7 @@ class Allocation:
         try:
             moment = since + timedelta(seconds=self.max_disconnect or 0)
         except OverflowError:  # past the year 9999: never, in the one text form
-            moment = datetime.max
+            return NEVER
         return moment.isoformat(timespec="microseconds") + "Z"
 
     def placement(self) -> tuple[object, ...]:

@@ -9,6 +9,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from ledger.model import NEVER
+
 COLUMNS: dict[str, tuple[str, ...]] = {
     "needs-reconnect": (
         "alloc", "node", "job", "desired_status", "unknown_since_position",
@@ -49,7 +51,7 @@ class Queries:
             "deadline FROM needs_reconnect ORDER BY unknown_since_position, alloc"
         )
         for row in rows:
-            row["expired"] = row["deadline"] is not None and row["deadline"] <= now
+            row["expired"] = row["deadline"] not in (None, NEVER) and row["deadline"] <= now
         return rows
 
     def zombie_slots(self) -> list[dict[str, Any]]:

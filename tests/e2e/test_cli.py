@@ -464,9 +464,8 @@ def test_ctrl_c_on_a_stream_exits_130_in_one_line_saying_what_was_kept(url, quie
 def test_a_stream_started_with_sighup_ignored_goes_on_when_it_comes(url):
     """``nohup alloc-ledger submit …``: a closed terminal does not end it."""
     writer = subprocess.Popen(
-        [sys.executable, "-m", "commands", "--store", url, "submit", "-"],
+        ["nohup", sys.executable, "-m", "commands", "--store", url, "submit", "-"],
         stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-        preexec_fn=lambda: signal.signal(signal.SIGHUP, signal.SIG_IGN),  # as nohup does
     )
     assert writer.stdin is not None and writer.stdout is not None
     writer.stdin.write(lines({"type": "node-registered", "node": "n1"}))
@@ -1174,6 +1173,25 @@ def test_needs_reconnect_as_of_a_point_judges_the_deadline_at_that_point(small):
     assert expired("--as-of", "5") == [False]  # the latest event time up to 5: 00:01:00
     assert expired("--as-of", "5", "--now", "2026-01-01T00:02:00Z") == [True]
     assert expired("--as-of", "2026-01-01T00:01:30Z", "--now", "2026-01-01T00:01:00Z") == [False]
+
+
+def test_a_deadline_past_the_year_9999_never_expires(tmp_path):
+    """It is written as the last time there is; no --now reaches past it."""
+    url = f"sqlite:///{tmp_path}/ledger.db"
+    last = "9999-12-31T23:59:59Z"
+    invoke(store(url, "submit", "-"), input=lines(
+        {"type": "node-registered", "node": "n1", "slots": 1, "at": last},
+        {"type": "heartbeat", "node": "n1", "at": last},
+        {"type": "alloc-placed", "alloc": "a1", "node": "n1", "max_disconnect": 2**31 - 1,
+         "at": last},
+        {"type": "alloc-updated", "alloc": "a1", "client_status": "running", "at": last},
+        {"type": "heartbeat-missed", "node": "n1", "at": last},
+    ))
+
+    for now in ("9999-12-31T23:59:59.999999Z", "2026-01-01T00:00:00Z"):
+        rows = json.loads(invoke(store(url, "query", "needs-reconnect", "--now", now)).stdout)
+        assert [(r["alloc"], r["deadline"], r["expired"]) for r in rows] == [
+            ("a1", "9999-12-31T23:59:59.999999Z", False)], now
 
 
 def test_addresses_and_slots_tables(small):
