@@ -49,7 +49,8 @@ def answer(retry: Event, first: First) -> Receipt:
 
 def differences(retry: Event, kept: dict[str, Any]) -> list[str]:
     """The fields in which a retry is not the kept event. Addresses are a set,
-    as for placing an allocation again (README)."""
+    as for placing an allocation again (README); a slot report is a table
+    (which allocation each slot holds), whatever order it lists them in."""
     if retry == kept:  # a retry as it was sent the first time, ``at`` and all
         return []
     names = retry.keys() | kept.keys()
@@ -61,4 +62,11 @@ def differences(retry: Event, kept: dict[str, Any]) -> list[str]:
 def _same(name: str, mine: Any, theirs: Any) -> bool:
     if name == "addresses" and isinstance(mine, list) and isinstance(theirs, list):
         return address_set(mine) == address_set(theirs)
+    if name == "slots" and isinstance(mine, list) and isinstance(theirs, list):
+        return _table(mine) == _table(theirs)
     return mine == theirs
+
+
+def _table(report: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """A slot report in slot order."""
+    return sorted(report, key=lambda entry: (entry["slot"], entry["alloc"] or ""))

@@ -294,6 +294,21 @@ def test_a_retry_by_id_may_list_the_addresses_in_another_order(cluster):
     assert "(alloc-placed at position 3; addresses differ)" in other.error
 
 
+def test_a_retry_by_id_may_list_a_slot_report_in_another_order(cluster):
+    """A report is a table of which allocation each slot holds."""
+    cluster.ready_node("n1", slots=2)
+    report = [{"slot": 0, "alloc": "a1"}, {"slot": 1, "alloc": None}]
+    cluster.happens("heartbeat", node="n1", slots=report, id="h")
+
+    retry = cluster.submit("heartbeat", node="n1", slots=report[::-1], id="h")
+    other = cluster.submit("heartbeat", node="n1", slots=[
+        {"slot": 0, "alloc": None}, {"slot": 1, "alloc": "a1"}], id="h")
+
+    assert (retry.status, retry.position, retry.error) == ("duplicate", 3, None)
+    assert other.status == "invalid"
+    assert "(heartbeat at position 3; slots differ)" in other.error
+
+
 def test_a_retry_that_spells_out_a_default_is_the_same_event(cluster):
     cluster.happens("node-registered", node="n1", id="r")
 
