@@ -194,9 +194,12 @@ def _busy(error: BaseException | None) -> bool:
     return False
 
 
-def describe(error: BaseException) -> str:
-    text = str(error.__cause__ or error) or type(error).__name__
-    return text.splitlines()[0]
+def describe(error: BaseException, path: str = "") -> str:
+    text = (str(error.__cause__ or error) or type(error).__name__).splitlines()[0]
+    if path and text == "unable to open database file":  # SQLite's words, for any reason
+        return (f"{text} {os.path.abspath(path)} (SQLite could neither open nor create it "
+                "there: its folder must let this user create files beside it)")
+    return text
 
 
 class SQLiteStore:
@@ -242,7 +245,7 @@ class SQLiteStore:
             self.recorder = SQLiteProcessRecorder(self.datastore)
             self._create_schema_waiting(timeout)
         except (PersistenceError, sqlite3.Error) as error:
-            raise StoreUnavailable(f"cannot open store {url}: {describe(error)}") from None
+            raise StoreUnavailable(f"cannot open store {url}: {describe(error, path)}") from None
 
     def _create_schema_waiting(self, timeout: float) -> None:
         """``_create_schema``, again while the file is locked, up to ``timeout``:
@@ -403,7 +406,7 @@ class SQLiteStore:
                     raise
                 connection.commit()
         except (sqlite3.Error, PersistenceError) as error:  # the cause kept: see _busy
-            raise StoreUnavailable(f"store {self.url}: {describe(error)}") from error
+            raise StoreUnavailable(f"store {self.url}: {describe(error, self.path)}") from error
 
     def projecting(self, waits: float | None = None) -> Any:
         """A transaction for catching up the projection tables (bounded by the
@@ -416,7 +419,7 @@ class SQLiteStore:
             with self.datastore.transaction(commit=False) as cursor:
                 yield cursor.sqlite_cursor
         except (sqlite3.Error, PersistenceError) as error:  # the cause kept: see _busy
-            raise StoreUnavailable(f"store {self.url}: {describe(error)}") from error
+            raise StoreUnavailable(f"store {self.url}: {describe(error, self.path)}") from error
 
     def preload(self, cursor: Any, sql: Any, cluster: Any, batch: list[dict[str, Any]]) -> None:
         """The allocations a batch places, and their addresses, that the caches

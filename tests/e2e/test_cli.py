@@ -762,6 +762,17 @@ def test_a_database_of_something_else_is_left_as_it_is(tmp_path, script, tables,
         assert (after, other.execute("PRAGMA user_version").fetchone()) == (before, version)
 
 
+@pytest.mark.skipif(os.geteuid() != 0, reason="as another user /proc is refused as not writable first")
+def test_a_folder_that_takes_no_files_even_from_root_is_named(monkeypatch):
+    """/proc: root may write the folder, yet SQLite can make no file there."""
+    monkeypatch.chdir("/proc")
+    result = invoke(["submit", "heartbeat", "--node", "n1"], code=3)
+    assert result.stderr == (
+        "Error: store sqlite:///alloc-ledger.db: unable to open database file "
+        "/proc/alloc-ledger.db (SQLite could neither open nor create it there: its folder "
+        "must let this user create files beside it)\n")
+
+
 def test_a_store_of_a_newer_schema_is_refused_untouched(tmp_path):
     url = f"sqlite:///{tmp_path}/ledger.db"
     invoke(store(url, "submit", "node-registered", "--node", "n1"))
