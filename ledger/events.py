@@ -337,7 +337,15 @@ def _json_problem(text: str | bytes) -> str:
         _adapter(None).validate_json(line)
     except ValidationError as error:
         message = str(error.errors()[0].get("ctx", {}).get("error", error.errors()[0]["msg"]))
-        return re.sub(r" at line 1 column (\d+)$", r" at column \1", message)
+        message = re.sub(r" at line 1 column (\d+)$", r" at column \1", message)
+        if message.startswith("trailing characters") and (
+            b"\r{" in line if isinstance(line, bytes) else "\r{" in line
+        ):  # events ended by CR alone (classic Mac OS) read as one line
+            message += "; events are ended by a carriage return alone: end each with a newline (LF)"
+        elif message.startswith(("unexpected end of hex escape", "lone leading surrogate")):
+            message += ("; an escape from \\ud800 to \\udfff is half of a character and "
+                        "must be followed by its other half")
+        return message
     return "not an event"  # pragma: no cover - JSON allows that whitespace anywhere
 
 

@@ -159,6 +159,27 @@ def test_a_line_in_another_encoding_is_named_as_not_utf8(line: bytes, error: str
     assert outcome(line) == ("invalid", f"not valid JSON: {error}")
 
 
+def test_events_ended_by_a_carriage_return_alone_are_told_so() -> None:
+    """Classic Mac OS line ends: the whole stream reads as one line."""
+    line = b'{"type": "heartbeat", "node": "n1"}\r{"type": "heartbeat", "node": "n1"}\r\n'
+    assert outcome(line) == ("invalid", (
+        "not valid JSON: trailing characters at column 37; events are ended by a carriage "
+        "return alone: end each with a newline (LF)"))
+    assert outcome(b'{"type": "heartbeat", "node": "n1"} x\n') == (
+        "invalid", "not valid JSON: trailing characters at column 37")
+
+
+@pytest.mark.parametrize(("line", "problem"), [
+    (rb'{"type": "heartbeat", "node": "\ud800"}', "unexpected end of hex escape at column 38"),
+    (rb'{"type": "heartbeat", "node": "\ud800\u0041"}',
+     "lone leading surrogate in hex escape at column 43"),
+])
+def test_half_a_character_escaped_is_told_so(line: bytes, problem: str) -> None:
+    assert outcome(line) == ("invalid", (
+        f"not valid JSON: {problem}; an escape from \\ud800 to \\udfff is half of a "
+        "character and must be followed by its other half"))
+
+
 @pytest.mark.parametrize(("event", "field"), [
     ({"type": "node-registered", "node": "n1 "}, "node"),
     ({"type": "node-registered", "node": "\tn1"}, "node"),
