@@ -93,7 +93,11 @@ class LedgerGroup(click.Group):
         self, ctx: click.Context, args: list[str]
     ) -> tuple[str | None, click.Command | None, list[str]]:
         ctx.meta[WORDS] = list(args)  # the command and its arguments, for ``_named``
-        return super().resolve_command(ctx, args)
+        return resolved_once(super().resolve_command(ctx, args))
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        refuse_repeats(self, args[:_first_word(args)])
+        return super().parse_args(ctx, args)
 
     def invoke(self, ctx: click.Context) -> Any:
         try:
@@ -133,6 +137,44 @@ class LedgerGroup(click.Group):
             raise _internal(error) from None
         except Exception as error:  # noqa: BLE001 - never a traceback for users
             raise _internal(error) from None
+
+
+class CommandGroup(click.Group):
+    """A group of commands under a command (``query``): an option given
+    twice to one of them is refused, as to a command of ``alloc-ledger``."""
+
+    def resolve_command(
+        self, ctx: click.Context, args: list[str]
+    ) -> tuple[str | None, click.Command | None, list[str]]:
+        return resolved_once(super().resolve_command(ctx, args))
+
+
+def resolved_once(
+    resolved: tuple[str | None, click.Command | None, list[str]],
+) -> tuple[str | None, click.Command | None, list[str]]:
+    """A command resolved, once no option that takes one value is given twice."""
+    _, command, args = resolved
+    if command is not None and not isinstance(command, click.Group):
+        refuse_repeats(command, args)
+    return resolved
+
+
+def refuse_repeats(command: click.Command, args: list[str]) -> None:
+    """An option that takes one value, given twice, is a usage error (as a
+    field given twice to ``submit``): the last one would win unseen."""
+    for param in command.params:
+        if not isinstance(param, click.Option) or param.multiple or param.count or param.is_flag:
+            continue  # a flag twice says the same thing twice
+        names = [*param.opts, *param.secondary_opts]
+        given = sum(1 for word in args if word in names or (
+            word.startswith("--") and word.split("=", 1)[0] in names))
+        if given > 1:
+            raise click.UsageError(f"{max(names, key=len)} is given twice")
+
+
+def _first_word(args: list[str]) -> int:
+    """Where a group's own options end: at the first word that names a command."""
+    return next((i for i, word in enumerate(args) if word in HOME), len(args))
 
 
 # What writing to stdout fails with (what else the commands write is the

@@ -9,7 +9,7 @@ from typing import Any, NamedTuple
 
 import click
 
-from commands.cli import opened
+from commands.cli import CommandGroup, opened
 from commands.output import emit, emit_object, format_option
 from ledger.errors import counted
 from ledger.model import LIVE, TERMINAL, timestamp
@@ -20,7 +20,7 @@ from projections.projector import Projector
 from projections.queries import COLUMNS, Queries
 
 
-@click.group()
+@click.group(cls=CommandGroup)
 def query() -> None:
     """Ask the ledger a question: alloc-ledger query NAME [--as-of P] [--format F]."""
 

@@ -632,6 +632,11 @@ COMMAND_NAMES = {"submit", "query", "nodes", "allocs", "alloc", "history", "need
          "Invalid value for '--job': w\\xe9b is not UTF-8 (the ledger's names are UTF-8 text)"),
         (["query", "slots", "--node", ""],
          "Invalid value for '--node': a node name is needed, not an empty text"),
+        # an option that takes one value, given twice: the last would win unseen
+        (["query", "nodes", "--as-of", "1", "--as-of=2"], "--as-of is given twice"),
+        (["query", "nodes", "--format", "json", "--format", "csv"], "--format is given twice"),
+        (["replay", "--to", "1", "--to", "2"], "--to is given twice"),
+        (["--store", "sqlite:///other.db", "query", "nodes"], "--store is given twice"),
         (["submit", "heartbeat", "--node", "--slots", "[]"],
          ("--node needs a value, not the flag --slots (a value that starts with -- is written "
           "--node=--slots)")),
