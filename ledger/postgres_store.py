@@ -26,7 +26,7 @@ import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, nullcontext, suppress
 from functools import partial
-from typing import Any, NoReturn
+from typing import Any, NamedTuple, NoReturn
 from urllib.parse import SplitResult, unquote
 
 import psycopg
@@ -56,9 +56,10 @@ from projections.rows import ChangedRows, Statements
 
 # 2: the handoff tables (ledger.postgres_handoff); 3: handoff.inline;
 # 4: nodes.health_reason, zombie_slots; 5: needs_reconnect.expired, no
-# zombie slots on removed nodes (``projections.tables.upgrade``); 6: view
-# positions (``projections.tables.create_log_views``)
-SCHEMA_VERSION = 6
+# zombie slots on removed nodes (``projections.tables.upgrade``). Views of the
+# log a release adds (``projections.tables.LOG_VIEWS``) need no new version:
+# any open by a role that may make them makes them, as on SQLite.
+SCHEMA_VERSION = 5
 # The tables the event recorder makes first, as it makes them: a schema that
 # holds only these (the log empty) holds a ledger whose creation was cut short.
 RECORDER_COLUMNS = {
@@ -125,13 +126,28 @@ APPEND_ONLY_TABLES = ("stored_events", "event_hashes", "event_ids")
 # The schema's ledger mark (which version made it, if any), whether its
 # client ids are guarded, and its OID (see SCHEMA_LOCK): one round trip for
 # every open.
+class Found(NamedTuple):
+    """What a schema holds: the schema version of its ledger (0: none),
+    whether its client ids are guarded, its OID (None: no such schema), and
+    whether the log's views (or what else holds their names) are there."""
+
+    version: int
+    guarded: bool
+    oid: int | None
+    viewed: bool
+
+
 FOUND = (
     "SELECT obj_description(to_regclass(%(hashes)s), 'pg_class'), "
     "(SELECT COUNT(*) = 2 FROM pg_trigger WHERE tgrelid = to_regclass(%(ids)s) "
     "AND tgname IN ('event_ids_append_only', 'event_ids_no_truncate')), "
     "(SELECT oid::int4 FROM pg_namespace WHERE nspname = %(schema)s), "
     # a keyword (user, default) that the ledger's and the library's SQL write unquoted
-    "quote_ident(%(schema)s) <> %(schema)s"
+    "quote_ident(%(schema)s) <> %(schema)s, "
+    # the log's views, or whatever else holds their names
+    "(SELECT COUNT(*) = cardinality(%(log_views)s::text[]) FROM pg_class c "
+    "JOIN pg_namespace n ON n.oid = c.relnamespace "
+    "WHERE n.nspname = %(schema)s AND c.relname = ANY(%(log_views)s::text[]))"
 )
 # Advisory locks are database-wide: the ledger's are in PostgreSQL's two-int
 # form (a lock space apart from the one-bigint form), a fixed number of
@@ -492,10 +508,10 @@ class PostgresStore:
         """Create the schema once, or bring one an earlier version made up to
         this one (serialized across processes by an advisory lock)."""
         with self._connect(timeout, extra) as connection:
-            version, guarded, self.schema_oid = self._found(connection)
+            version, guarded, self.schema_oid, viewed = self._found(connection)
             if version == SCHEMA_VERSION:
-                if not guarded:
-                    self._guard_ids(connection)
+                if not (guarded and viewed):
+                    self._mend(connection)
                 return
             if version > SCHEMA_VERSION:
                 raise MadeByNewer(self.shown, version, SCHEMA_VERSION) from None
@@ -508,7 +524,7 @@ class PostgresStore:
                 key = (SCHEMA_LOCK, self._make_schema(connection))
                 connection.execute("SELECT pg_advisory_lock(%s, %s)", key)
                 try:
-                    version, _, self.schema_oid = self._found(connection)
+                    version, _, self.schema_oid, _ = self._found(connection)
                     if version == 0 and (others := self._foreign(connection)):
                         self._fail(
                             f"schema {self.schema} holds tables of something else "
@@ -560,49 +576,58 @@ class PostgresStore:
         """The schema's OID, the schema created if missing (by one process
         of several racing: the others find it made)."""
         for _ in range(2):
-            found = self._found(connection)[2]
+            found = self._found(connection).oid
             if found is not None:
                 return found
             with suppress(psycopg.errors.UniqueViolation, psycopg.errors.DuplicateSchema):
                 connection.execute(sql.SQL("CREATE SCHEMA IF NOT EXISTS {}").format(
                     sql.Identifier(self.schema)))
-        found = self._found(connection)[2]
+        found = self._found(connection).oid
         if found is None:  # dropped as soon as made
             self._fail(f"schema {self.schema} vanished while it was being created")
         return found
 
-    def _guard_ids(self, connection: psycopg.Connection[Any]) -> None:
-        """Guard the client ids of a store made before they were (another
-        process may be doing it too: under the schema's lock, look again)."""
+    def _mend(self, connection: psycopg.Connection[Any]) -> None:
+        """Guard the client ids of a store made before they were, and make the
+        log's views it lacks (another process may be doing it too: under the
+        schema's lock, look again)."""
         try:
             with connection.transaction():
                 connection.execute(
                     "SELECT pg_advisory_xact_lock(%s, %s)", (SCHEMA_LOCK, self.schema_oid))
-                if not self._found(connection)[1]:
+                found = self._found(connection)
+                if not found.guarded:
                     for statement in _triggers("event_ids"):
                         connection.execute(statement)
+                if not found.viewed:
+                    with connection.cursor() as cursor:
+                        self._make_log_views(cursor)
         except psycopg.errors.InsufficientPrivilege:
-            return  # not the owner: its next open guards them
+            return  # not the owner: its next open mends them
         except psycopg.Error as error:
             self._fail(describe(error))
 
-    def _found(self, connection: psycopg.Connection[Any]) -> tuple[int, bool, int | None]:
-        """The schema version of the ledger the schema holds (0: none),
-        whether its client ids are guarded, and the schema's OID (None: no such schema)."""
+    def _make_log_views(self, cursor: Any) -> None:
+        """The log's views that are missing, readable by whoever may read the others."""
+        for view in tables.create_log_views(cursor, self.dialect, str(self.stream), PROJECTIONS):
+            self._grant_like(cursor, view, "needs_reconnect")
+
+    def _found(self, connection: psycopg.Connection[Any]) -> Found:
+        """What the schema holds (``Found``)."""
         names = {
             "hashes": f"{self.schema}.event_hashes", "ids": f"{self.schema}.event_ids",
-            "schema": self.schema,
+            "schema": self.schema, "log_views": list(tables.LOG_VIEWS),
         }
         try:
             row = connection.execute(FOUND, names).fetchone()
         except psycopg.Error as error:  # the server went away after it answered
             self._fail(describe(error))
         if row is None:
-            return 0, False, None
+            return Found(0, False, None, False)
         if row[3]:
             self._fail(f"schema name {self.schema!r} is an SQL keyword: choose another")
         mark = MARKED.fullmatch(row[0] or "")
-        return (int(mark[1]) if mark else 0), bool(row[1]), row[2]
+        return Found((int(mark[1]) if mark else 0), bool(row[1]), row[2], bool(row[4]))
 
     def _create_schema(self, connection: psycopg.Connection[Any], extra: dict[str, str]) -> None:
         """The ledger's tables in the schema ``_make_schema`` made."""
@@ -624,9 +649,7 @@ class PostgresStore:
             for prefix in ("", STATE_PREFIX):
                 tables.create(cursor, self.dialect, prefix=prefix)
                 tables.upgrade(cursor, self.dialect, prefix=prefix)  # made by an earlier version
-            for view in tables.create_log_views(
-                    cursor, self.dialect, str(self.stream), PROJECTIONS):
-                self._grant_like(cursor, view, "needs_reconnect")
+            self._make_log_views(cursor)
             for statement in HANDOFF_TABLES:
                 cursor.execute(statement)
             cursor.execute(

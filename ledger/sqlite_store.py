@@ -102,49 +102,48 @@ def _tables_unless_ledger(uri: str) -> list[str] | None:
         return None
 
 
-# What every release made beside its schema version: another application's
-# file may set a user_version of its own, and is no ledger for that.
-LEDGER_TABLES = ("stored_events", "nodes")
-
-
-def _ledger_version(cursor: sqlite3.Cursor) -> int:
-    """The schema version of the ledger a file holds (0: none)."""
-    cursor.execute(
-        "SELECT user_version, (SELECT COUNT(*) FROM sqlite_master WHERE type = 'table' "
-        f"AND name IN ({', '.join('?' * len(LEDGER_TABLES))})) FROM pragma_user_version",
-        LEDGER_TABLES)
-    version, found = cursor.fetchone()
-    return int(version) if found == len(LEDGER_TABLES) else 0
-
-
-def _other_tables(cursor: sqlite3.Cursor) -> list[str]:
-    """The tables and views of a file that is not a ledger yet, but for the
-    recorder's with an empty log (a ledger whose creation was cut short, or
-    is under way in another process); a log that holds events is another
-    application's."""
-    cursor.execute(
-        "SELECT name FROM sqlite_master WHERE type IN ('table', 'view') "
-        "AND name NOT LIKE 'sqlite\\_%' ESCAPE '\\' ORDER BY name"
-    )
-    names = [row[0] for row in cursor.fetchall()]
-    others = [name for name in names if name not in RECORDER_COLUMNS]
-    for table in (name for name in RECORDER_COLUMNS if name in names):
-        cursor.execute(f"SELECT name FROM pragma_table_info('{table}') ORDER BY cid")
-        if tuple(row[0] for row in cursor.fetchall()) != RECORDER_COLUMNS[table]:
-            others.insert(0, f"{table} (of other columns)")
-    if "stored_events" in names and "stored_events" not in " ".join(others):
-        cursor.execute("SELECT 1 FROM stored_events LIMIT 1")
-        if cursor.fetchone() is not None:
-            others.insert(0, "stored_events (with events)")
-    return others
-
-
 # The tables the event recorder makes first, as it makes them: a file that
 # holds only these (the log empty) is a ledger whose creation was cut short.
 RECORDER_COLUMNS = {
     "stored_events": ("originator_id", "originator_version", "topic", "state"),
     "tracking": ("application_name", "notification_id"),
 }
+
+
+def _columns(cursor: sqlite3.Cursor, table: str) -> tuple[str, ...]:
+    cursor.execute(f"SELECT name FROM pragma_table_info('{table}') ORDER BY cid")
+    return tuple(row[0] for row in cursor.fetchall())
+
+
+def _ledger_version(cursor: sqlite3.Cursor) -> int:
+    """The schema version of the ledger a file holds (0: none). A ledger is
+    known by its log (every release's, as the recorder makes it) beside the
+    version: another application's file may set a user_version of its own."""
+    version = int(cursor.execute("PRAGMA user_version").fetchone()[0])
+    if version and _columns(cursor, "stored_events") == RECORDER_COLUMNS["stored_events"]:
+        return version
+    return 0
+
+
+def _other_tables(cursor: sqlite3.Cursor) -> list[str]:
+    """The tables and views of a file that is not a ledger yet, but for the
+    recorder's with an empty log (a ledger whose creation was cut short, or
+    is under way in another process); a log that holds events, or either of
+    the recorder's tables with other columns, is another application's."""
+    cursor.execute(
+        "SELECT name FROM sqlite_master WHERE type IN ('table', 'view') "
+        "AND name NOT LIKE 'sqlite\\_%' ESCAPE '\\' ORDER BY name"
+    )
+    names = [row[0] for row in cursor.fetchall()]
+    odd = [name for name in RECORDER_COLUMNS
+           if name in names and _columns(cursor, name) != RECORDER_COLUMNS[name]]
+    others = [f"{name} (of other columns)" for name in odd] + [
+        name for name in names if name not in RECORDER_COLUMNS]
+    if "stored_events" in names and "stored_events" not in odd:
+        cursor.execute("SELECT 1 FROM stored_events LIMIT 1")
+        if cursor.fetchone() is not None:
+            others.insert(0, "stored_events (with events)")
+    return others
 
 
 def not_a_ledger(url: str, path: str, others: list[str], advice: str) -> StoreUnavailable:
@@ -336,8 +335,8 @@ class SQLiteStore:
             cursor.execute(
                 "SELECT (SELECT COUNT(*) FROM sqlite_master WHERE type = 'trigger' "
                 f"AND name IN ({', '.join('?' * len(ID_GUARD_NAMES))})), "
-                "(SELECT COUNT(*) FROM sqlite_master WHERE type = 'view' "
-                f"AND name IN ({', '.join('?' * len(tables.ALL_VIEWS))}))",
+                "(SELECT COUNT(*) FROM sqlite_master "  # a view, or what else holds its name
+                f"WHERE name IN ({', '.join('?' * len(tables.ALL_VIEWS))}))",
                 (*ID_GUARD_NAMES, *tables.ALL_VIEWS),
             )
             guards, views = cursor.fetchone()

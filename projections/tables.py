@@ -138,7 +138,7 @@ def create_statements(prefix: str = "", dialect: str = "sqlite") -> list[str]:
 # read it, and what each position is (its type and times, so a reporting
 # tool can turn a ``since_position`` into a time).
 STATUS_VIEW = "projection_status"
-POSITIONS_VIEW = "positions"
+POSITIONS_VIEW = "log_positions"
 LOG_VIEWS = (STATUS_VIEW, POSITIONS_VIEW)
 ALL_VIEWS = (*VIEWS, *LOG_VIEWS)
 REPORTED = (*TABLES, *ALL_VIEWS)  # what a reporting tool reads
@@ -176,14 +176,24 @@ def log_view_statements(dialect: str, stream: str, application: str) -> dict[str
 
 
 def create_log_views(cursor: Any, dialect: str, stream: str, application: str) -> list[str]:
-    """The log's views that are missing (once); the names of those made now."""
+    """The log's views that are missing (once); the names of those made now.
+    A name something else holds (a table another application put beside an
+    earlier release's ledger) is left to it: that view is not made."""
     made = []
     for name, statement in log_view_statements(dialect, stream, application).items():
-        cursor.execute(view_exists_check(dialect, name))
+        cursor.execute(name_taken_check(dialect, name))
         if cursor.fetchone() is None:
             cursor.execute(statement)
             made.append(name)
     return made
+
+
+def name_taken_check(dialect: str, name: str) -> str:
+    """A query with a row when a table, view or other relation has the name."""
+    if dialect == "sqlite":
+        return f"SELECT 1 FROM sqlite_master WHERE name='{name}'"
+    return ("SELECT 1 FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace "
+            f"WHERE n.nspname = current_schema() AND c.relname = '{name}'")
 
 
 def view_exists_check(dialect: str, name: str) -> str:

@@ -153,7 +153,7 @@ def made_by_the_last_version(target: StoreUnderTest) -> None:
     """Turn a store back into what the first version made: no
     ``nodes.health_reason``, the old ``zombie_slots`` (which counted removed
     nodes' reports) and ``needs_reconnect`` (without ``expired``), the old
-    schema mark; and no ``projection_status`` or ``positions``."""
+    schema mark; and no ``projection_status`` or ``log_positions``."""
     statements = tables.create_statements(dialect=target.dialect)
     old_zombies = next(s for s in statements if s.startswith("CREATE VIEW zombie_slots "))
     old_zombies = re.sub(r"\n *JOIN nodes n ON [^\n]*", "", old_zombies).replace(
@@ -172,7 +172,7 @@ def made_by_the_last_version(target: StoreUnderTest) -> None:
                        .replace("FROM allocations", f"FROM {prefix}allocations"))
         target.sql(f"ALTER TABLE {prefix}nodes DROP COLUMN health_reason")
     target.sql("DROP VIEW projection_status")
-    target.sql("DROP VIEW positions")
+    target.sql("DROP VIEW log_positions")
     if target.dialect == "sqlite":
         target.sql("PRAGMA user_version = 1")
     else:
@@ -218,7 +218,7 @@ def test_a_store_of_the_last_version_is_upgraded_when_opened_and_replays_alike(
     head = under_test.sql("SELECT MAX(originator_version) FROM stored_events")[0][0]
     assert under_test.sql("SELECT head_position, lag FROM projection_status") == [(head, 0)]
     assert under_test.sql(
-        "SELECT position, type, rejected FROM positions WHERE position IN (3, 6) ORDER BY position"
+        "SELECT position, type, rejected FROM log_positions WHERE position IN (3, 6) ORDER BY position"
     ) == [(3, "node-suspected", 0), (6, "alloc-placed", 1)]  # a1 refused: n1 is down
     if under_test.dialect == "sqlite":
         assert under_test.sql("PRAGMA user_version") == [(3,)]
@@ -227,7 +227,7 @@ def test_a_store_of_the_last_version_is_upgraded_when_opened_and_replays_alike(
             "SELECT has_table_privilege('public', 'zombie_slots', 'SELECT'), "
             "has_table_privilege('public', 'needs_reconnect', 'SELECT'), "
             "has_table_privilege('public', 'projection_status', 'SELECT'), "
-            "has_table_privilege('public', 'positions', 'SELECT')"
+            "has_table_privilege('public', 'log_positions', 'SELECT')"
         ) == [(True, True, True, True)]  # who read the views reads the new ones
 
 
@@ -292,3 +292,36 @@ def test_events_of_rules_2_after_rules_3_follow_rules_2(under_test: StoreUnderTe
     assert audited.returncode == 0, audited.stderr
     assert [(s["node"], s["reason"]) for s in json.loads(audited.stdout)["suspects"]] == [
         ("n1", "flaky disk"), ("n2", "bad memory"), ("n2", "bad cable")]  # not the stale one
+
+
+def test_a_ledger_of_this_schema_without_the_log_positions_view_gets_it_when_opened(
+    under_test: StoreUnderTest,
+) -> None:
+    """As the release before left it (the same schema version): the next
+    open that may write makes the view, for whoever read the others."""
+    assert kept(under_test, RULES_1[:2], rules=RULES) == ["appended", "appended"]
+    under_test.sql("DROP VIEW log_positions")
+    if under_test.dialect == "postgresql":
+        under_test.sql("GRANT SELECT ON needs_reconnect TO PUBLIC")
+
+    assert run("query", "nodes", url=under_test.url).returncode == 0
+
+    assert under_test.sql("SELECT position, type FROM log_positions ORDER BY position") == [
+        (1, "node-registered"), (2, "heartbeat")]
+    if under_test.dialect == "postgresql":
+        assert under_test.sql("SELECT has_table_privilege('public', 'log_positions', 'SELECT')"
+                              ) == [(True,)]
+
+
+def test_a_table_of_another_application_by_the_log_positions_name_is_left_alone(
+    under_test: StoreUnderTest,
+) -> None:
+    """Put beside an earlier release's ledger: every command still opens it."""
+    assert kept(under_test, RULES_1[:2], rules=RULES) == ["appended", "appended"]
+    under_test.sql("DROP VIEW log_positions")
+    under_test.sql("CREATE TABLE log_positions (shelf TEXT)")
+
+    for command in (["submit", "heartbeat", "--node", "host"], ["query", "nodes"]):
+        done = run(*command, url=under_test.url)
+        assert done.returncode == 0, (command, done.stderr)
+    assert under_test.columns("log_positions") == ["shelf"]

@@ -778,6 +778,19 @@ def test_a_database_of_something_else_is_left_as_it_is(tmp_path, script, tables,
         assert (after, other.execute("PRAGMA user_version").fetchone()) == (before, version)
 
 
+def test_a_ledger_missing_a_projection_table_is_still_a_ledger_verify_can_check(tmp_path):
+    """A file is a ledger by its log: one whose nodes table was dropped by
+    hand is checked by verify, not taken for another application's."""
+    url = f"sqlite:///{tmp_path}/ledger.db"
+    invoke(store(url, "submit", "node-registered", "--node", "n1"))
+    with closing(sqlite3.connect(tmp_path / "ledger.db")) as db, db:
+        db.execute("DROP TABLE nodes")
+
+    assert json.loads(invoke(store(url, "verify")).stdout)["ok"] is True
+    one_line_store_error(invoke(store(url, "query", "nodes"), code=3),
+                         f"store {url}: no such table: nodes")
+
+
 @pytest.mark.skipif(os.geteuid() != 0, reason="as another user /proc is refused as not writable first")
 def test_a_folder_that_takes_no_files_even_from_root_is_named(monkeypatch):
     """/proc: root may write the folder, yet SQLite can make no file there."""
@@ -1697,7 +1710,7 @@ def test_a_view_dropped_by_hand_is_made_again_as_it_was_when_the_store_is_next_o
     with closing(sqlite3.connect(tmp_path / "ledger.db")) as db:
         assert db.execute(views).fetchall() == made
     assert [name for name, _ in made] == [
-        "needs_reconnect", "positions", "projection_status", "zombie_slots"]
+        "log_positions", "needs_reconnect", "projection_status", "zombie_slots"]
 
 
 def test_a_table_dropped_by_hand_is_not_made_again_empty(tmp_path):

@@ -79,8 +79,8 @@ def test_the_rules_answer_alike_in_both_stores(store_url, tables, project):
     assert read.value("SELECT COUNT(*) FROM rejections") == 3
 
 
-def test_the_positions_view_tells_each_position_s_type_and_times(store_url, tables, project):
-    """A reporting role may not read the log: ``positions`` turns a
+def test_the_log_positions_view_tells_each_position_s_type_and_times(store_url, tables, project):
+    """A reporting role may not read the log: ``log_positions`` turns a
     ``since_position`` into a time (and tells the refused events)."""
     with Ledger.open(store_url) as ledger:
         for event in (
@@ -94,7 +94,7 @@ def test_the_positions_view_tells_each_position_s_type_and_times(store_url, tabl
     project(store_url)
     read = tables(store_url)
 
-    rows = read.rows("SELECT * FROM positions ORDER BY position")
+    rows = read.rows("SELECT * FROM log_positions ORDER BY position")
 
     assert [(r["position"], r["type"], r["at"], r["rejected"]) for r in rows[:4]] == [
         (1, "node-registered", "2026-01-01T12:00:00.000000Z", 0),
@@ -107,7 +107,7 @@ def test_the_positions_view_tells_each_position_s_type_and_times(store_url, tabl
     assert all(len(r["recorded_at"]) == 27 and r["recorded_at"].endswith("Z") for r in rows)
     assert read.rows(
         "SELECT n.node, n.status, p.at AS since FROM nodes n "
-        "JOIN positions p ON p.position = n.since_position"
+        "JOIN log_positions p ON p.position = n.since_position"
     ) == [{"node": "n1", "status": "down", "since": "2026-01-01T12:01:00.000000Z"}]
 
 

@@ -17,7 +17,7 @@ import pytest
 from ledger.application import Ledger
 
 PROJECTIONS = ["nodes", "slots", "allocations", "alloc_states", "addresses", "rejections"]
-VIEWS = ["needs_reconnect", "zombie_slots", "projection_status", "positions"]
+VIEWS = ["needs_reconnect", "zombie_slots", "projection_status", "log_positions"]
 HIDDEN = ["stored_events", "event_ids", "event_hashes", "tracking", "state_nodes",
           "state_slots", "state_allocations", "state_addresses"]
 
