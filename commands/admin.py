@@ -45,7 +45,7 @@ def project(ctx: click.Context, follow: bool, batch: int, poll: float, reconnect
     recording how far it got, so an interrupted run (even kill -9) resumes
     where it stopped and never applies an event twice. With --follow, keep
     going: on PostgreSQL each append wakes the follower (LISTEN/NOTIFY); one
-    JSON progress line is printed per transaction, and Ctrl-C or SIGTERM stops
+    JSON progress line is printed per transaction, and Ctrl-C, SIGTERM or SIGHUP stops
     it cleanly. Several followers may run at once: each transaction locks the
     tracking row, so no event is applied twice. A follower that loses the
     store (a server restart) warns on stderr and reconnects, unless

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 
 import click
 
@@ -54,7 +54,7 @@ def follow(
     opener: Callable[[str, bool], Ledger] | None = None,
     sleep: Callable[[float], None] = time.sleep,
 ) -> None:
-    """Keep the tables current until interrupted (Ctrl-C or SIGTERM).
+    """Keep the tables current until interrupted (Ctrl-C, SIGTERM or SIGHUP).
 
     ``opener(url, create)`` opens the ledger, never creating it: a store
     that holds no ledger is refused at the start, and after a loss (a schema
@@ -102,7 +102,8 @@ def _keep_following(
                 ledger = opened = _reopened(url, lost, opener, backoff)
                 resumed = True
     except KeyboardInterrupt:
-        line({"stopped": True, "lag": _lag(ledger)})
+        with suppress(click.ClickException):  # the output lost: a terminal hung up (SIGHUP)
+            line({"stopped": True, "lag": _lag(ledger)})  # takes no last line; it stopped
     finally:
         if ledger is not None:
             _close(ledger)

@@ -11,6 +11,7 @@ import sys
 import time
 from collections import Counter, deque
 from collections.abc import Iterator
+from contextlib import suppress
 from typing import IO, Any
 
 import click
@@ -333,11 +334,12 @@ def _print(
 
 def _clear(progress: bool) -> None:
     if progress:
-        click.echo("\r" + " " * 60 + "\r", err=True, nl=False)
+        with suppress(OSError):  # a hung-up terminal (SIGHUP): nothing left to clear
+            click.echo("\r" + " " * 60 + "\r", err=True, nl=False)
 
 
 def _kept_until(counts: Counter[str], reported: int) -> str:
-    """What a submit stopped midway (Ctrl-C, SIGTERM, a lost store) had decided and kept."""
+    """What a submit stopped midway (Ctrl-C, SIGTERM, SIGHUP, a lost store) had decided and kept."""
     learn = "resubmit with ids to learn which: kept ones answer duplicate"
     if not reported:
         return f"no result was printed before it, yet some lines may be kept ({learn})"

@@ -10,7 +10,9 @@ import csv
 import io
 import json
 import os
+import pty
 import re
+import select
 import signal
 import sqlite3
 import subprocess
@@ -477,6 +479,30 @@ def test_a_stream_started_with_sighup_ignored_goes_on_when_it_comes(url):
     out, errors = writer.communicate(lines({"type": "heartbeat", "node": "n1"}), timeout=60)
 
     assert (writer.returncode, out, errors) == (0, result_line(2, "appended", 2), "")
+
+
+@pytest.mark.parametrize(("command", "shown", "code"), [
+    (["submit", "-"], b'"status": "appended"', 129),  # hung up, saying so where it can
+    (["project", "--follow"], b'"following": true', 0),  # a follower stops as on SIGTERM
+])
+def test_a_terminal_that_hangs_up_ends_a_command_as_sighup_says(url, command, shown, code):
+    """The terminal itself goes away (an ssh session closed): SIGHUP, and
+    every write to it fails from then on, the last lines included."""
+    invoke(store(url, "submit", "node-registered", "--node", "n0"))
+    pid, terminal = pty.fork()
+    if pid == 0:  # the command, on the terminal's other side
+        os.execv(sys.executable, [sys.executable, "-m", "commands", "--store", url, *command])
+    os.write(terminal, b'{"type": "node-registered", "node": "n1"}\n')
+    seen, deadline = b"", time.monotonic() + 60
+    while shown not in seen and time.monotonic() < deadline:
+        if select.select([terminal], [], [], 0.5)[0]:
+            seen += os.read(terminal, 4096)
+    assert shown in seen, seen
+
+    os.close(terminal)  # the hang-up
+
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == code
 
 
 def test_a_store_lost_mid_stream_says_how_far_it_got(tmp_path, url, monkeypatch):
