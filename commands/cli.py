@@ -43,7 +43,21 @@ HOME = {
 }
 
 
-class LedgerGroup(click.Group):
+class CommandGroup(click.Group):
+    """A group of commands: an option that takes one value, given twice to
+    one of them, is refused (``refuse_repeats``)."""
+
+    def resolve_command(
+        self, ctx: click.Context, args: list[str]
+    ) -> tuple[str | None, click.Command | None, list[str]]:
+        resolved = super().resolve_command(ctx, args)
+        _, command, rest = resolved
+        if command is not None and not isinstance(command, click.Group):
+            refuse_repeats(command, rest)
+        return resolved
+
+
+class LedgerGroup(CommandGroup):
     """Loads command modules on first use (each lists its commands in
     ``COMMANDS``), so ``submit heartbeat`` does not import the audit or demo."""
 
@@ -93,7 +107,7 @@ class LedgerGroup(click.Group):
         self, ctx: click.Context, args: list[str]
     ) -> tuple[str | None, click.Command | None, list[str]]:
         ctx.meta[WORDS] = list(args)  # the command and its arguments, for ``_named``
-        return resolved_once(super().resolve_command(ctx, args))
+        return super().resolve_command(ctx, args)
 
     def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
         refuse_repeats(self, args[:_first_word(args)])
@@ -139,29 +153,13 @@ class LedgerGroup(click.Group):
             raise _internal(error) from None
 
 
-class CommandGroup(click.Group):
-    """A group of commands under a command (``query``): an option given
-    twice to one of them is refused, as to a command of ``alloc-ledger``."""
-
-    def resolve_command(
-        self, ctx: click.Context, args: list[str]
-    ) -> tuple[str | None, click.Command | None, list[str]]:
-        return resolved_once(super().resolve_command(ctx, args))
-
-
-def resolved_once(
-    resolved: tuple[str | None, click.Command | None, list[str]],
-) -> tuple[str | None, click.Command | None, list[str]]:
-    """A command resolved, once no option that takes one value is given twice."""
-    _, command, args = resolved
-    if command is not None and not isinstance(command, click.Group):
-        refuse_repeats(command, args)
-    return resolved
-
-
 def refuse_repeats(command: click.Command, args: list[str]) -> None:
     """An option that takes one value, given twice, is a usage error (as a
     field given twice to ``submit``): the last one would win unseen."""
+    if "--help" in args:
+        return  # the help, whatever else the line says
+    if "--" in args:  # what follows is arguments, whatever it looks like
+        args = args[:args.index("--")]
     for param in command.params:
         if not isinstance(param, click.Option) or param.multiple or param.count or param.is_flag:
             continue  # a flag twice says the same thing twice

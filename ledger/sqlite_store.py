@@ -196,8 +196,8 @@ def _busy(error: BaseException | None) -> bool:
 def describe(error: BaseException, path: str = "") -> str:
     text = (str(error.__cause__ or error) or type(error).__name__).splitlines()[0]
     if path and text == "unable to open database file":  # SQLite's words, for any reason
-        return (f"{text} {os.path.abspath(path)} (SQLite could neither open nor create it "
-                "there: its folder must let this user create files beside it)")
+        folder = os.path.dirname(os.path.abspath(path))
+        return f"{text} {os.path.abspath(path)} (may this user create files in {folder}?)"
     return text
 
 

@@ -680,6 +680,15 @@ def test_usage_errors_exit_2_in_one_line_pointing_at_the_help(url, args, error):
     assert result.stderr == f"Error: {error} (see '{where} --help')\n"
 
 
+def test_an_option_s_name_after_dashes_is_an_argument_not_the_option_twice(url):
+    """A name may start with --; after ``--`` it is an argument."""
+    invoke(store(url, "submit", "node-registered", "--node=--format"))
+    result = invoke(store(url, "query", "history", "--format", "json", "--", "--format"))
+    assert [row["event"]["node"] for row in json.loads(result.stdout)] == ["--format"]
+    assert invoke(store(url, "query", "nodes", "--as-of", "1", "--as-of", "2", "--help")
+                  ).stdout.startswith("Usage: alloc-ledger query nodes")
+
+
 def test_a_group_without_its_command_shows_its_help(url):
     result = invoke(store(url, "query"), code=2)
 
@@ -824,8 +833,7 @@ def test_a_folder_that_takes_no_files_even_from_root_is_named(monkeypatch):
     result = invoke(["submit", "heartbeat", "--node", "n1"], code=3)
     assert result.stderr == (
         "Error: store sqlite:///alloc-ledger.db: unable to open database file "
-        "/proc/alloc-ledger.db (SQLite could neither open nor create it there: its folder "
-        "must let this user create files beside it)\n")
+        "/proc/alloc-ledger.db (may this user create files in /proc?)\n")
 
 
 def test_a_store_of_a_newer_schema_is_refused_untouched(tmp_path):
