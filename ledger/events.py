@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import math
 import re
+import unicodedata
 from collections.abc import Iterable
 from functools import cache
 from typing import Annotated, Any, Literal, NotRequired, Union, get_origin, get_type_hints
@@ -52,10 +53,10 @@ NO_NUL = r"^[^\x00]*$"
 # spelled-out class, read alike by pydantic's Rust regex, Python's re (the
 # messages) and JSON Schema's ECMA-262 validators: their \s differ (U+001C
 # to U+001F, U+0085, U+FEFF). Invisible characters count as white space
-# here: Unicode's format characters of the Basic Multilingual Plane (the
-# soft hyphen, zero-width ones, marks of direction, U+2060 to U+206F, the
-# byte order mark), the combining grapheme joiner, variation selectors, and
-# characters drawn blank (the Hangul fillers, the Braille blank). A name
+# here: zero-width and format characters (the soft hyphen, marks of
+# direction, U+200B to U+200F, U+2060 to U+206F, the byte order mark), the
+# combining grapheme joiner, variation selectors, and characters drawn
+# blank (the Hangul fillers, the Braille blank). A name
 # that names what is already there (a heartbeat's node, an update's
 # allocation) is taken as written, so what an earlier release let in can
 # still be updated, stopped and removed.
@@ -64,11 +65,17 @@ SPACE = (
     r"\u180b-\u180f\u2000-\u200f\u2028-\u202f\u205f-\u206f\u2800\u3000\u3164"
     r"\ufe00-\ufe0f\ufeff\uffa0\ufff9-\ufffb"
 )
-# Controls of text direction are refused anywhere in a new name: they make
-# it show as another ("Trojan Source"); other invisible characters may join
-# letters inside one (U+200C and U+200D in Persian or Devanagari).
-BIDI = r"\u202a-\u202e\u2066-\u2069"
-BIDI_CONTROLS = re.compile(f"[{BIDI}]")
+# Some are refused anywhere in a new name: controls and marks of text
+# direction (they make it show as another: "Trojan Source"), zero-width
+# spaces, joiners of words and invisible operators, the soft hyphen, the
+# byte order mark. Other invisible characters may be inside one: U+200C and
+# U+200D join letters in Persian or Devanagari, variation selectors and
+# fillers are parts of emoji and Hangul.
+NOWHERE = (
+    r"\xad\u061c\u180e\u200b\u200e\u200f\u202a-\u202e\u2060-\u2064\u2066-\u206f"
+    r"\ufeff\ufff9-\ufffb"
+)
+HIDDEN = re.compile(f"[{NOWHERE}]")
 
 
 def _trimmed(also: str = "") -> str:
@@ -76,12 +83,12 @@ def _trimmed(also: str = "") -> str:
     return rf"^[^{SPACE}{also}\x00](?:[^{also}\x00]*[^{SPACE}{also}\x00])?$"
 
 
-TRIMMED = _trimmed(BIDI)
+TRIMMED = _trimmed(NOWHERE)
 Name = Annotated[str, Field(min_length=1, max_length=128, pattern=NO_NUL)]
 NewName = Annotated[str, Field(min_length=1, max_length=128, pattern=TRIMMED)]
 # '#' separates node and slot (n1#0), so a node name may not contain it.
 NodeName = Annotated[str, Field(min_length=1, max_length=128, pattern=r"^[^#\x00]+$")]
-NewNodeName = Annotated[str, Field(min_length=1, max_length=128, pattern=_trimmed("#" + BIDI))]
+NewNodeName = Annotated[str, Field(min_length=1, max_length=128, pattern=_trimmed("#" + NOWHERE))]
 Address = Annotated[str, Field(min_length=1, max_length=256, pattern=TRIMMED)]
 SlotIndex = Annotated[int, Field(ge=0, lt=MAX_SLOTS)]
 Text = Annotated[str, Field(max_length=1024, pattern=NO_NUL)]
@@ -289,9 +296,12 @@ def describe(error: ValidationError, tagged: bool = True) -> str:
             parts.append(f"field 'at': {rfc3339_problem(item.get('input'))}")
         elif kind == "string_pattern_mismatch" and "\x00" in str(item.get("input")):
             parts.append(f"field '{field}': must not contain a NUL character")
-        elif kind == "string_pattern_mismatch" and BIDI_CONTROLS.search(str(item.get("input"))):
-            parts.append(f"field '{field}': must not contain a control of text direction "
-                         "(U+202A to U+202E, U+2066 to U+2069)")
+        elif kind == "string_pattern_mismatch" and (
+            hidden := HIDDEN.search(str(item.get("input")))
+        ):
+            char = hidden.group()
+            parts.append(f"field '{field}': must not contain U+{ord(char):04X} "
+                         f"({unicodedata.name(char, 'unnamed')}), which does not show as itself")
         elif kind == "string_pattern_mismatch" and (
             "#" not in str(item.get("input")) or field not in ("node", "parent")
         ):  # a node's name may hold neither; '#' is named first

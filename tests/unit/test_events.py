@@ -184,10 +184,9 @@ def test_half_a_character_escaped_is_told_so(line: bytes, problem: str) -> None:
     ({"type": "node-registered", "node": "n1 "}, "node"),
     ({"type": "node-registered", "node": "\tn1"}, "node"),
     ({"type": "node-registered", "node": "n1\x1c"}, "node"),  # not \s to Rust, \s to Python
-    ({"type": "node-registered", "node": "\ufeffn1"}, "node"),  # \s to ECMA-262 only
-    ({"type": "node-registered", "node": "n1\u200b"}, "node"),  # invisible, \s to none
-    *[({"type": "node-registered", "node": f"{c}n1"}, "node")  # invisible, drawn blank
-      for c in "\u00ad\u034f\u061c\u115f\u200e\u2064\u2800\u3164\ufe0f\uffa0"],
+    ({"type": "node-registered", "node": "\u3000n1"}, "node"),  # an ideographic space
+    *[({"type": "node-registered", "node": name}, "node")  # invisible, drawn blank: \s to none
+      for c in "\u034f\u115f\u1160\u2800\u3164\ufe0f\uffa0" for name in (f"{c}n1", f"n1{c}")],
     ({"type": "alloc-placed", "alloc": "a1\u180b", "node": "n1"}, "alloc"),
     ({"type": "alloc-placed", "alloc": " a1", "node": "n1"}, "alloc"),
     ({"type": "alloc-placed", "alloc": "a#1 ", "node": "n1"}, "alloc"),
@@ -206,21 +205,26 @@ def test_a_new_name_that_starts_or_ends_with_white_space_is_invalid(
     assert not schema_validator().is_valid(event)
 
 
-@pytest.mark.parametrize(("event", "field"), [
-    ({"type": "node-registered", "node": "\u202eq"}, "node"),
-    ({"type": "node-registered", "node": "n\u2066x\u2069"}, "node"),
-    ({"type": "alloc-placed", "alloc": "a\u202d1", "node": "n1"}, "alloc"),
+@pytest.mark.parametrize(("event", "field", "char"), [
+    ({"type": "node-registered", "node": "\u202eq"}, "node", "U+202E (RIGHT-TO-LEFT OVERRIDE)"),
+    ({"type": "node-registered", "node": "n\u2066x\u2069"}, "node",
+     "U+2066 (LEFT-TO-RIGHT ISOLATE)"),
+    ({"type": "node-registered", "node": "n\u200b1"}, "node", "U+200B (ZERO WIDTH SPACE)"),
+    ({"type": "node-registered", "node": "\ufeffn1"}, "node", "U+FEFF (ZERO WIDTH NO-BREAK SPACE)"),
+    ({"type": "node-registered", "node": "n1\u2060"}, "node", "U+2060 (WORD JOINER)"),
+    ({"type": "alloc-placed", "alloc": "a\u00ad1", "node": "n1"}, "alloc", "U+00AD (SOFT HYPHEN)"),
+    ({"type": "alloc-placed", "alloc": "a1", "node": "n1", "job": "w\u200eb"}, "job",
+     "U+200E (LEFT-TO-RIGHT MARK)"),
     ({"type": "alloc-placed", "alloc": "a1", "node": "n1", "addresses": ["10.0.\u202e5.0"]},
-     "addresses.0"),
-    ({"type": "heartbeat", "node": "n1", "id": "k\u202a1"}, "id"),
+     "addresses.0", "U+202E (RIGHT-TO-LEFT OVERRIDE)"),
+    ({"type": "heartbeat", "node": "n1", "id": "k\u061c1"}, "id", "U+061C (ARABIC LETTER MARK)"),
 ])
-def test_a_new_name_with_a_control_of_text_direction_anywhere_is_invalid(
-    event: dict, field: str
+def test_a_new_name_with_a_character_that_does_not_show_anywhere_is_invalid(
+    event: dict, field: str, char: str
 ) -> None:
-    """It would show as another name ("Trojan Source")."""
-    assert outcome(event) == ("invalid", (
-        f"field '{field}': must not contain a control of text direction "
-        "(U+202A to U+202E, U+2066 to U+2069)"))
+    """n\u200b1 would show as n1, \u202eq as q turned around ("Trojan Source")."""
+    assert outcome(event) == (
+        "invalid", f"field '{field}': must not contain {char}, which does not show as itself")
     assert not schema_validator().is_valid(event)
 
 
