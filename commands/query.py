@@ -207,8 +207,6 @@ def alloc(ctx: click.Context, as_of: str | None, fmt: str | None, alloc_id: str)
     emit_object(found, fmt)
 
 
-
-
 @_named("addresses", """Held addresses: held, or releasing once a stop or removal is requested.
 
     Example: alloc-ledger query addresses""")

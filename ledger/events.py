@@ -353,8 +353,8 @@ def _json_problem(text: str | bytes) -> str:
         ):  # events ended by CR alone (classic Mac OS) read as one line
             message += "; events are ended by a carriage return alone: end each with a newline (LF)"
         elif message.startswith(("unexpected end of hex escape", "lone leading surrogate")):
-            message += ("; an escape from \\ud800 to \\udfff is half of a character and "
-                        "must be followed by its other half")
+            message += ("; escapes from \\ud800 to \\udfff are halves of a character, "
+                        "in pairs: one from \\ud800 to \\udbff, then one from \\udc00 to \\udfff")
         return message
     return "not an event"  # pragma: no cover - JSON allows that whitespace anywhere
 

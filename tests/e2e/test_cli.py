@@ -450,6 +450,7 @@ def test_ctrl_c_on_a_stream_exits_130_in_one_line_saying_what_was_kept(url, quie
         deadline = time.monotonic() + 60
         while not (_head(url) >= 2 and _reading_stdin(writer.pid)) and time.monotonic() < deadline:
             time.sleep(0.05)
+        assert _head(url) >= 2 and _reading_stdin(writer.pid), "it never came to wait for more"
     else:
         assert writer.stdout.readline() == result_line(1, "appended", 1)
         assert json.loads(writer.stdout.readline())["status"] == "rejected"

@@ -173,11 +173,12 @@ def test_events_ended_by_a_carriage_return_alone_are_told_so() -> None:
     (rb'{"type": "heartbeat", "node": "\ud800"}', "unexpected end of hex escape at column 38"),
     (rb'{"type": "heartbeat", "node": "\ud800\u0041"}',
      "lone leading surrogate in hex escape at column 43"),
+    (rb'{"type": "heartbeat", "node": "\udc00x"}', "lone leading surrogate in hex escape at column 37"),
 ])
 def test_half_a_character_escaped_is_told_so(line: bytes, problem: str) -> None:
     assert outcome(line) == ("invalid", (
-        f"not valid JSON: {problem}; an escape from \\ud800 to \\udfff is half of a "
-        "character and must be followed by its other half"))
+        f"not valid JSON: {problem}; escapes from \\ud800 to \\udfff are halves of a "
+        "character, in pairs: one from \\ud800 to \\udbff, then one from \\udc00 to \\udfff"))
 
 
 @pytest.mark.parametrize(("event", "field"), [
