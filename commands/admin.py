@@ -77,7 +77,7 @@ def grant_reporting(ctx: click.Context, role: str) -> None:
 
     Grants USAGE on the store's schema and SELECT on the projection tables
     (nodes, slots, allocations, alloc_states, addresses, rejections) and views
-    (needs_reconnect, zombie_slots, projection_status); never the event log
+    (needs_reconnect, zombie_slots, projection_status, log_positions); never the event log
     (stored_events, event_ids, event_hashes), tracking or the writers'
     state_* tables. Whatever else the role was granted on the ledger's tables
     is revoked; a superuser, or a role that would still write them through
@@ -101,6 +101,9 @@ def grant_reporting(ctx: click.Context, role: str) -> None:
         granted = getattr(store, "grant_reporting")(role)  # noqa: B009 - PostgreSQL only
     finally:
         store.close()
+    if role.lower() == "public":  # PostgreSQL's name for every role, now and later
+        click.echo("warning: PUBLIC is every role, those made later too: each of them may "
+                   "now read the projection tables", err=True)
     line({"role": role, "schema": getattr(store, "schema"), "select": granted})  # noqa: B009
 
 

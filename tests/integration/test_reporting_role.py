@@ -362,3 +362,16 @@ def test_a_role_that_may_not_create_a_ledger_is_not_told_about_reporting(
     assert result.returncode == 3
     assert result.stderr.startswith(f"Error: cannot open store {url}: permission denied for ")
     assert "grant-reporting" not in result.stderr and result.stderr.count("\n") == 1
+
+
+def test_granting_public_is_said_to_reach_every_role_made_later_too(
+    ledger_url, alloc_ledger, pg_schema, pg_admin, role, as_role
+):
+    """PUBLIC is PostgreSQL's every role: the operator's choice, told plainly."""
+    pg_admin(f"REVOKE ALL ON SCHEMA {pg_schema} FROM PUBLIC")  # as a fresh schema may be
+    result = alloc_ledger("grant-reporting", "public", url=ledger_url)
+
+    assert result.returncode == 0, result.stderr
+    assert result.stderr == ("warning: PUBLIC is every role, those made later too: each of "
+                             "them may now read the projection tables\n")
+    assert as_role("SELECT node FROM nodes") == [("n1",)]  # a role given nothing itself
