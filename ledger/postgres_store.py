@@ -48,6 +48,7 @@ from ledger.store import (
     LoggedEvent,
     decide_here,
     logged,
+    not_a_ledger_yet,
     redacted,
     seconds,
 )
@@ -123,9 +124,6 @@ APPEND_ONLY_TABLES = ("stored_events", "event_hashes", "event_ids")
 # Stores made before the client ids were guarded are guarded when next opened
 # by a role that may (the tables' owner); a lost id would let a retry append
 # its event again.
-# The schema's ledger mark (which version made it, if any), whether its
-# client ids are guarded, and its OID (see SCHEMA_LOCK): one round trip for
-# every open.
 class Found(NamedTuple):
     """What a schema holds: the schema version of its ledger (0: none),
     whether its client ids are guarded, its OID (None: no such schema), and
@@ -137,6 +135,8 @@ class Found(NamedTuple):
     viewed: bool
 
 
+# What ``Found`` holds (the ledger's mark, the client ids' guards, the
+# schema's OID: see SCHEMA_LOCK, the log's views): one round trip for every open.
 FOUND = (
     "SELECT obj_description(to_regclass(%(hashes)s), 'pg_class'), "
     "(SELECT COUNT(*) = 2 FROM pg_trigger WHERE tgrelid = to_regclass(%(ids)s) "
@@ -560,15 +560,11 @@ class PostgresStore:
                 "AND c.relname = ANY(%s) ORDER BY 1", (self.schema, list(names))).fetchall())
             if "event_hashes" in present:
                 return []
-            odd = [name for name in RECORDER_COLUMNS
-                   if name in present and tuple(present[name] or ()) != RECORDER_COLUMNS[name]]
-            found = [f"{name} (of other columns)" for name in odd] + [
-                name for name in present if name not in RECORDER_COLUMNS]
-            if "stored_events" in present and "stored_events" not in odd and _value(
-                    connection, sql.SQL("SELECT EXISTS (SELECT FROM {})").format(
-                        sql.Identifier(self.schema, "stored_events"))):
-                found.append("stored_events (with events)")
-            return found
+            return not_a_ledger_yet(
+                {name: tuple(columns or ()) for name, columns in present.items()},
+                RECORDER_COLUMNS,
+                lambda: bool(_value(connection, sql.SQL("SELECT EXISTS (SELECT FROM {})").format(
+                    sql.Identifier(self.schema, "stored_events")))))
         except psycopg.Error as error:
             self._fail(describe(error))
 

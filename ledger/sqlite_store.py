@@ -31,6 +31,7 @@ from ledger.store import (
     LoggedEvent,
     decide_here,
     logged,
+    not_a_ledger_yet,
     seconds,
 )
 from projections import tables
@@ -126,24 +127,17 @@ def _ledger_version(cursor: sqlite3.Cursor) -> int:
 
 
 def _other_tables(cursor: sqlite3.Cursor) -> list[str]:
-    """The tables and views of a file that is not a ledger yet, but for the
-    recorder's with an empty log (a ledger whose creation was cut short, or
-    is under way in another process); a log that holds events, or either of
-    the recorder's tables with other columns, is another application's."""
+    """The tables and views of a file that is not a ledger yet
+    (``not_a_ledger_yet``)."""
     cursor.execute(
         "SELECT name FROM sqlite_master WHERE type IN ('table', 'view') "
         "AND name NOT LIKE 'sqlite\\_%' ESCAPE '\\' ORDER BY name"
     )
     names = [row[0] for row in cursor.fetchall()]
-    odd = [name for name in RECORDER_COLUMNS
-           if name in names and _columns(cursor, name) != RECORDER_COLUMNS[name]]
-    others = [f"{name} (of other columns)" for name in odd] + [
-        name for name in names if name not in RECORDER_COLUMNS]
-    if "stored_events" in names and "stored_events" not in odd:
-        cursor.execute("SELECT 1 FROM stored_events LIMIT 1")
-        if cursor.fetchone() is not None:
-            others.insert(0, "stored_events (with events)")
-    return others
+    return not_a_ledger_yet(
+        {name: _columns(cursor, name) if name in RECORDER_COLUMNS else () for name in names},
+        RECORDER_COLUMNS,
+        lambda: cursor.execute("SELECT 1 FROM stored_events LIMIT 1").fetchone() is not None)
 
 
 def not_a_ledger(url: str, path: str, others: list[str], advice: str) -> StoreUnavailable:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 import os
 import re
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager
 from functools import partial
 from typing import Any, NamedTuple, Protocol
@@ -145,6 +145,23 @@ class Store(Protocol):
         """Events whose stored form contains a text (for ``history``)."""
 
     def close(self) -> None: ...
+
+
+def not_a_ledger_yet(
+    columns: dict[str, tuple[str, ...]], recorder: dict[str, tuple[str, ...]],
+    log_has_events: Callable[[], bool],
+) -> list[str]:
+    """What of a place that holds no ledger is another application's, each
+    table or view by its name with its ``columns``: all but the event
+    recorder's own tables as it makes them (``recorder``), which a ledger
+    whose creation was cut short leaves with an empty log; one of those of
+    other columns is named so, a log that holds events too."""
+    odd = [name for name in recorder if name in columns and columns[name] != recorder[name]]
+    others = [f"{name} (of other columns)" for name in odd] + [
+        name for name in columns if name not in recorder]
+    if "stored_events" in columns and "stored_events" not in odd and log_has_events():
+        others.insert(0, "stored_events (with events)")
+    return others
 
 
 MOST_SECONDS = 86_400  # a day: more overflows what the servers and drivers take
