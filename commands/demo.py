@@ -151,7 +151,7 @@ def demo(ctx: click.Context, store: str | None) -> None:
     are part of each story. The store is a temporary file unless --store names
     an empty one, which is kept so you can query it afterwards.
 
-    Example: alloc-ledger demo --store sqlite:///demo.db
+    Example: alloc-ledger --store sqlite:///demo.db demo
     """
     url = given_store(ctx, store)
     with demo_store(url) as target, Ledger.open(target) as ledger:
@@ -166,7 +166,8 @@ def demo(ctx: click.Context, store: str | None) -> None:
     if url is not None:
         echo(f"The store is kept: alloc-ledger --store {shlex.quote(url)} query nodes")
     else:
-        echo("Run with --store sqlite:///demo.db to keep the store and query it.")
+        echo("To keep the store and query it: alloc-ledger --store sqlite:///demo.db demo, "
+             "then alloc-ledger --store sqlite:///demo.db query nodes")
     if astray:
         raise click.ClickException(f"{astray} events did not go as the stories say")
 

@@ -1,4 +1,4 @@
-"""The command line against the letter of the SPEC (``/work/shared/SPEC.md``).
+"""The command line against the letter of the SPEC (``docs/SPEC.md``).
 
 The names below are copied from the SPEC, not taken from the code: the
 queries and their minimum columns from section 3's table, the commands from

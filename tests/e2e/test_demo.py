@@ -37,6 +37,17 @@ def test_demo_exits_0_on_a_temporary_store(tmp_path, monkeypatch):
     assert "UNEXPECTED" not in result.output
 
 
+def test_demo_on_a_temporary_store_says_how_to_keep_one_as_it_is_typed(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    hint = invoke(["demo"]).output.splitlines()[-1]
+    typed = re.findall(r"alloc-ledger ((?:(?!, then).)*)", hint)
+    assert len(typed) == 2, hint  # the demo into a kept store, then a query of it
+    demo, query = (command.split() for command in typed)
+    assert "(store: sqlite:///demo.db)" in invoke(demo).output
+    nodes = json.loads(invoke([*query, "--format", "json"]).output)
+    assert {"n1", "host1", "wc1"} <= {n["node"] for n in nodes}  # the stories' nodes
+
+
 def test_demo_names_each_bug_report(told):
     _, output = told
     for story in STORIES:

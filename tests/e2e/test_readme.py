@@ -36,6 +36,22 @@ def test_the_readme_lists_every_event_type_with_its_fields():
     assert listed == {kind: fields_of(kind) for kind in EVENT_TYPES}
 
 
+def test_the_readmes_links_to_files_of_the_repository_resolve():
+    linked = re.findall(r"\]\(([^)#:]+)\)", README.read_text(encoding="utf-8"))
+    assert "docs/SPEC.md" in linked
+    assert [path for path in linked if not (README.parent / path).is_file()] == []
+
+
+def test_the_contract_in_the_repository_is_the_products_own():
+    """``docs/SPEC.md`` is a copy of the product's contract, so that a checkout
+    has it; where the product's is beside the checkout, they are the same."""
+    product = README.parent.parent / "shared" / "SPEC.md"
+    if not product.is_file():
+        pytest.skip(f"the product's SPEC.md is not beside this checkout ({product})")
+    assert (README.parent / "docs" / "SPEC.md").read_text(encoding="utf-8") == product.read_text(
+        encoding="utf-8"), "the contract changed: read it, then copy it to docs/SPEC.md"
+
+
 # -- the SQL for reporting tools runs as written, on both stores ----------------------
 
 SPREAD = timedelta(seconds=0.3)  # the history's events 0.3 s apart: 15 minutes of 3,000
