@@ -172,7 +172,7 @@ class Cluster:
         slot = event.get("slot")
         if isinstance(node, str) and isinstance(slot, int) and self.node(node) is not None:
             table = self.slot_table(node)
-            if slot < len(table) and table[slot].alloc is not None:
+            if 0 <= slot < len(table) and table[slot].alloc is not None:
                 found.append(str(table[slot].alloc))
         for address in event.get("addresses") or ():
             hold = self.address(address)
@@ -222,7 +222,9 @@ class Cluster:
     def check_slot_report(self, node: Node, report: list[dict[str, Any]]) -> dict[int, str | None]:
         """The report as slot -> alloc, once it names slots in range, each once."""
         reported = {entry["slot"]: entry["alloc"] for entry in report}
-        if len(reported) < len(report) or max(reported, default=-1) >= node.slots:
+        if len(reported) < len(report) or reported and (
+            max(reported) >= node.slots or min(reported) < 0
+        ):
             self.explain_slot_report(node, report)
         return reported
 
@@ -230,7 +232,7 @@ class Cluster:
         """Raise for the first entry of an invalid report that names a slot out of range or again."""
         seen: set[int] = set()
         for entry in report:
-            if not 0 <= entry["slot"] < node.slots:  # below 0: only in an edited log
+            if not 0 <= entry["slot"] < node.slots:
                 raise errors.SlotReportInvalid(
                     f"slot report names slot {node.node}#{entry['slot']}, "
                     f"but node {node.node} has {errors.counted(node.slots, 'slot')}"
@@ -252,7 +254,7 @@ class Cluster:
             raise errors.NodeSuspect(node.node)
         index: int | None = event.get("slot")
         if index is not None:
-            if not 0 <= index < node.slots:  # below 0: only in an edited log
+            if not 0 <= index < node.slots:
                 raise errors.SlotOutOfRange(node.node, index, node.slots)
             holder = self.slot_table(node.node)[index].alloc
             if holder is not None:

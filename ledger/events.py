@@ -90,7 +90,11 @@ NewName = Annotated[str, Field(min_length=1, max_length=128, pattern=TRIMMED)]
 NodeName = Annotated[str, Field(min_length=1, max_length=128, pattern=r"^[^#\x00]+$")]
 NewNodeName = Annotated[str, Field(min_length=1, max_length=128, pattern=_trimmed("#" + NOWHERE))]
 Address = Annotated[str, Field(min_length=1, max_length=256, pattern=TRIMMED)]
-SlotIndex = Annotated[int, Field(ge=0, lt=MAX_SLOTS)]
+# A slot index is any integer a column holds: one out of the node's range
+# (below 0 too) is a rule's to refuse (SPEC: rejected, kept in the
+# rejection log), not the vocabulary's.
+SLOT_BOUND = 2**31
+SlotIndex = Annotated[int, Field(ge=-SLOT_BOUND, lt=SLOT_BOUND)]
 Text = Annotated[str, Field(max_length=1024, pattern=NO_NUL)]
 
 
@@ -114,8 +118,29 @@ def _unique(values: list[str] | None) -> list[str] | None:
     return values
 
 
+# ``history n1#0`` names slot 0 of node n1: an allocation or address may
+# hold '#', but not read as a slot (a name, '#', an index a node may have,
+# written as the ledger writes it: 0 to 1023), or its history and the
+# slot's would be one.
+SLOT_LIKE = r"^[^#]+#(?:[0-9]|[1-9][0-9]|[1-9][0-9][0-9]|10[01][0-9]|102[0-3])$"
+_slot_like = re.compile(SLOT_LIKE)
+
+
+def _not_slot_like(value: str) -> str:
+    if _slot_like.match(value):
+        node, index = value.rsplit("#", 1)
+        raise ValueError(
+            f"must not read as a slot (node#index): history {value} names slot {index} of node {node}")
+    return value
+
+
+NotSlotLike = AfterValidator(_not_slot_like)
+UNLIKE_A_SLOT = Field(json_schema_extra={"not": {"pattern": SLOT_LIKE}})
+AllocName = Annotated[NewName, NotSlotLike, UNLIKE_A_SLOT]
 Addresses = Annotated[
-    list[Address], AfterValidator(_unique), Field(json_schema_extra={"uniqueItems": True})
+    list[Annotated[Address, NotSlotLike, UNLIKE_A_SLOT]],
+    AfterValidator(_unique),
+    Field(json_schema_extra={"uniqueItems": True}),
 ]
 
 
@@ -185,7 +210,7 @@ class HealthChecked(Envelope):
 @with_config(STRICT)
 class AllocPlaced(Envelope):
     type: Literal["alloc-placed"]
-    alloc: NewName
+    alloc: AllocName
     node: NodeName
     job: NotRequired[NewName | None]
     slot: NotRequired[SlotIndex | None]

@@ -24,8 +24,9 @@ def slots_created(record: Record) -> list[str]:
 def history(store: Store, entity: str, upto: int | None = None) -> list[dict[str, Any]]:
     """Events naming a node, allocation, slot (``n1#0``) or address, or changed by one."""
     # As the kept JSON writes the name: whole, or for a name with '#' (a slot
-    # n1#0, also an allocation or address named so) its start, which both the
-    # slot's node "n1" and a whole name "web#1" begin with; then picked exactly.
+    # n1#0, or an allocation or address web#blue) its start, which both the
+    # slot's node "n1" and a whole name "web#blue" begin with; then picked
+    # exactly. (A new allocation or address may not read as a slot: events.)
     if "#" in entity:
         needle = json.dumps(entity.split("#", 1)[0], ensure_ascii=False)[:-1]
     else:

@@ -300,7 +300,8 @@ class Model:
                 return ["node-removed"]
             if kind == "heartbeat" and "slots" in event:
                 indexes = [entry["slot"] for entry in event["slots"]]
-                if len(set(indexes)) < len(indexes) or any(i >= node.slots for i in indexes):
+                if len(set(indexes)) < len(indexes) or any(
+                        not 0 <= i < node.slots for i in indexes):
                     return ["slot-report-invalid"]
             return []
         if kind == "alloc-placed":
@@ -334,7 +335,7 @@ class Model:
         if node.health == "suspect":
             found.append("node-suspect")
         slot = event.get("slot")
-        if slot is not None and slot >= node.slots:
+        if slot is not None and not 0 <= slot < node.slots:
             found.append("slot-out-of-range")
         elif slot is not None and self.holder(node.name, slot) is not None:
             found.append("slot-held")
@@ -975,7 +976,8 @@ class Generator:
             if twist == "twice" and entries:
                 entries.append(dict(entries[0]))
             else:
-                entries.append({"slot": node.slots + self.draw(st.integers(0, 1)), "alloc": None})
+                index = self.pick([node.slots, node.slots + 1, -1])  # below 0 is out of range too
+                entries.append({"slot": index, "alloc": None})
             return entries
         index = self.draw(st.integers(0, node.slots - 1))
         if twist == "released":
@@ -1025,7 +1027,7 @@ class Generator:
         slots = m.nodes[node].slots if node in m.nodes else 1
         how = self.pick(["free"] * 13 + ["none"] * 3 + ["any"] * 3 + ["out of range"])
         if how == "out of range":
-            event["slot"] = slots
+            event["slot"] = self.pick([slots, -1])
         elif slots and how == "free":
             free = [i for i in range(slots) if m.holder(node, i) is None]
             event["slot"] = self.pick(free) if free else self.draw(st.integers(0, slots - 1))
@@ -1203,8 +1205,9 @@ class Generator:
                 ("at", "yesterday"), ("source", "a\x00b"), ("at", "0001-01-01T00:00:00+10:00"),
                 ("id", "k1 "),
             ] + {
-                "heartbeat": [("node", "n1#0"), ("slots", [{"slot": -1, "alloc": None}])],
-                "alloc-placed": [("slot", -1), ("addresses", ["10.0.0.1", "10.0.0.1"]),
+                "heartbeat": [("node", "n1#0"), ("slots", [{"slot": 2**31, "alloc": None}])],
+                "alloc-placed": [("slot", -(2**31) - 1), ("addresses", ["10.0.0.1", "10.0.0.1"]),
+                                 ("alloc", "n1#0"), ("addresses", ["pool#1"]),
                                  ("addresses", ["10.0.0.1 "]),
                                  ("max_disconnect", -1), ("alloc", "")],
                 "alloc-updated": [("alloc", "y" * 129)],

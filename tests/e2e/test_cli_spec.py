@@ -441,14 +441,15 @@ def test_history_of_an_address_lists_a_refused_early_removal_of_its_holder(clust
 
 
 def test_history_of_an_allocation_and_an_address_whose_names_hold_a_hash_sign(cluster):
-    """Only a node's name may not hold '#': an allocation web#1 and an
-    address port#8080 have their histories, apart from the slot n1#0's."""
+    """Only a node's name may not hold '#': an allocation web#blue and an
+    address port#8080 have their histories, apart from the slot n1#0's.
+    (One that reads as a slot, web#1, is invalid: test_events.)"""
     cluster.ready_node("n1", slots=2)  # 1, 2
-    cluster.place("web#1", "n1", slot=0, addresses=["port#8080"])  # 3
+    cluster.place("web#blue", "n1", slot=0, addresses=["port#8080"])  # 3
     cluster.place("a2", "n1", slot=1)  # 4
-    cluster.report("web#1", "running")  # 5
+    cluster.report("web#blue", "running")  # 5
 
-    assert history(cluster, "web#1") == [
+    assert history(cluster, "web#blue") == [
         (3, "alloc-placed", "appended", None), (5, "alloc-updated", "appended", None)]
     assert history(cluster, "port#8080") == [(3, "alloc-placed", "appended", None)]
     assert history(cluster, "n1#0") == [

@@ -113,6 +113,26 @@ def test_a_dict_json_cannot_hold_is_invalid_naming_the_field(event: dict, error:
     assert outcome(event) == ("invalid", error)
 
 
+@pytest.mark.parametrize(("event", "name", "field"), [
+    ({"alloc": "n1#0"}, "n1#0", "alloc"),
+    ({"alloc": "web#1023"}, "web#1023", "alloc"),
+    ({"addresses": ["10.0.0.5", "pool#12"]}, "pool#12", "addresses.1"),
+])
+def test_a_new_allocation_or_address_that_reads_as_a_slot_is_invalid(
+    event: dict, name: str, field: str
+) -> None:
+    node, index = name.split("#")
+    error = (f"field '{field}': must not read as a slot (node#index): "
+             f"history {name} names slot {index} of node {node}")
+    assert outcome(PLACED | event) == ("invalid", error)
+
+
+@pytest.mark.parametrize(
+    "name", ["web#blue", "#1", "a#1#2", "a#1b", "svc#", "port#8080", "a#1024", "a#01", "a#-1"])
+def test_a_new_allocation_or_address_may_hold_a_hash_elsewhere(name: str) -> None:
+    assert outcome(PLACED | {"alloc": name, "addresses": [name]})[0] == "valid"
+
+
 @pytest.mark.parametrize("kind", [None, 5, True, 1.5, ["heartbeat"], {}])
 def test_a_type_that_is_not_text_is_named_as_the_field_type(kind: Any) -> None:
     error = f"field 'type': must be a string (the types: {TYPES_NAMED})"
@@ -414,6 +434,13 @@ PLACED = {"type": "alloc-placed", "alloc": "a1", "node": "n1"}
     PLACED | {"addresses": ["10.0.0.5", "10.0.0.5"]},
     PLACED | {"slot": 1023},
     PLACED | {"slot": 1024},
+    PLACED | {"slot": -1},
+    PLACED | {"slot": 2**31},
+    PLACED | {"slot": -(2**31) - 1},
+    PLACED | {"alloc": "n1#0"},
+    PLACED | {"alloc": "n1#x"},
+    PLACED | {"addresses": ["pool#3"]},
+    {"type": "heartbeat", "node": "n1", "slots": [{"slot": -5, "alloc": None}]},
     {"type": 5, "node": "n1"},
     {"type": "heartbeat", "node": "n#1"},
 ])

@@ -10,6 +10,8 @@ import json
 
 import pytest
 
+from projections.history import history
+
 # -- alloc-placed -----------------------------------------------------------
 
 
@@ -105,6 +107,24 @@ def test_a_slot_index_out_of_range_is_rejected(cluster, slots, has):
 
     assert reason == f"slot n1#2 is out of range (node n1 has {has})"
     assert cluster.rows("SELECT * FROM allocations") == []
+
+
+@pytest.mark.parametrize("slot", [-1, -(2**31), 2**31 - 1])
+def test_a_slot_index_no_node_has_is_rejected_and_kept_for_audits(cluster, slot):
+    """Below 0 or past every node's slots, the index is out of range: a
+    rule refuses it and the rejection log keeps it, as any other."""
+    cluster.ready_node("n1", slots=2)
+    cluster.place("a2", "n1", slot=1)  # the last slot held: -1 must not reach it
+
+    reason = cluster.refused("alloc-placed", alloc="a1", node="n1", slot=slot)
+
+    assert reason == f"slot n1#{slot} is out of range (node n1 has 2 slots)"
+    kept = cluster.rows("SELECT entity, reason, event FROM rejections")
+    assert [(row["entity"], row["reason"], json.loads(row["event"])["slot"])
+            for row in kept] == [("a1", reason, slot)]
+    assert cluster.rows("SELECT alloc FROM allocations") == [{"alloc": "a2"}]
+    concerning = [row["type"] for row in history(cluster.ledger.store, "a2")]
+    assert concerning == ["alloc-placed"]  # not the refused placement
 
 
 def test_a_slot_held_by_another_allocation_is_not_given_away(cluster):

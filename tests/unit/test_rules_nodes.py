@@ -302,6 +302,16 @@ def test_a_slot_report_naming_a_slot_out_of_range_is_rejected(cluster, slots, ha
     assert cluster.snapshot() == before
 
 
+def test_a_slot_report_naming_a_slot_below_0_is_rejected(cluster):
+    cluster.ready_node("n1", slots=2)
+    before = cluster.snapshot()
+
+    reason = cluster.refused("heartbeat", node="n1", slots=[{"slot": -1, "alloc": "a1"}])
+
+    assert reason == "slot report names slot n1#-1, but node n1 has 2 slots"
+    assert cluster.snapshot() == before
+
+
 def test_a_slot_report_listing_a_slot_twice_is_rejected(cluster):
     cluster.ready_node("n1", slots=2)
     before = cluster.snapshot()
