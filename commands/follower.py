@@ -33,11 +33,15 @@ RETRY_FIRST = 1.0  # seconds before the first try to reopen a lost store
 RETRY_MOST = 30.0  # and at most between tries, doubling until then
 
 
-def catch_up(ledger: Ledger, batch: int, report: bool = False) -> tuple[int, int]:
-    """Apply everything appended so far, one transaction per batch."""
+def catch_up(
+    ledger: Ledger, batch: int, report: bool = False, committed: Callable[[], None] = lambda: None
+) -> tuple[int, int]:
+    """Apply everything appended so far, one transaction per batch; call
+    ``committed`` after each."""
     first: int | None = None
     while True:
         start, end = ledger.project(limit=batch)
+        committed()
         if first is None:
             first = start
         if end <= start:
@@ -116,8 +120,7 @@ def _follow_while_connected(
         first: dict[str, object] = {"following": True, "lag": ledger.lag()}
         line(first | {"reconnected": True} if resumed else first)
         while True:
-            catch_up(ledger, batch, report=True)
-            backoff.reset()
+            catch_up(ledger, batch, report=True, committed=backoff.reset)
             wait(poll)
 
 

@@ -129,6 +129,30 @@ def test_the_waits_start_again_at_1_s_once_a_catch_up_has_committed(url, capsys)
     ]
 
 
+def test_the_waits_start_again_at_1_s_after_a_batch_committed_short_of_the_head(
+    url, capsys, monkeypatch
+):
+    """A follower kept behind by writers, its connection lost after each
+    batch it applies, never reaches the head: the waits still start again
+    from 1 s, as a batch committed each time."""
+    applied = iter([(0, 300), StoreUnavailable(LOST)] * 4)
+
+    def project(self: Ledger, limit: int | None = None) -> tuple[int, int]:
+        step = next(applied)
+        if isinstance(step, Exception):
+            raise step
+        return step
+
+    monkeypatch.setattr(Ledger, "project", project)
+    clock = Clock(waits=3)
+
+    lines, warnings = follow(url, Opener(100, 100, 100, 100), clock, capsys)
+
+    assert clock.waited == [1, 1, 1]  # then Ctrl-C at the fourth wait
+    assert warnings == [f"warning: {LOST}; reconnecting in 1 s"] * 4
+    assert [line.get("applied") for line in lines if "applied" in line] == [300] * 4
+
+
 def test_a_store_a_newer_release_made_meanwhile_ends_the_follower_at_once(url, capsys):
     opener = Opener(2, "refuse", "newer")
     clock = Clock(waits=5)
