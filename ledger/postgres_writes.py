@@ -12,6 +12,7 @@ about the same.) The column types come from the projection tables' own DDL
 from __future__ import annotations
 
 import re
+import zlib
 from collections.abc import Sequence
 from functools import cache
 from typing import Any
@@ -182,6 +183,15 @@ class LogRecorder(PostgresProcessRecorder):
         # bounds the wait itself (``PostgresStore.lock_log``).
         lock = self.lock_table_statements[-1]
         self.lock_statement = lock.as_string(None) if isinstance(lock, sql.Composable) else str(lock)
+        # The library names the channel of appends after the table alone, so
+        # every schema's followers would wake on every schema's appends: one of
+        # the schema's own (by the crc32 of its name, as the writers' receipts).
+        self.channel_name = appends_channel(self.datastore.schema)
+
+
+def appends_channel(schema: str) -> str:
+    """The NOTIFY channel of a schema's appends, which its followers LISTEN on."""
+    return f"alloc_ledger_{zlib.crc32(schema.encode()):08x}_appended"
 
 
 INSERT_HASHES = f"INSERT INTO event_hashes (position, hash) SELECT * FROM {rows_of(['bigint', 'text'])} r"

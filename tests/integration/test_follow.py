@@ -13,12 +13,14 @@ import subprocess
 import sys
 import threading
 import time
+import uuid
 from pathlib import Path
 from typing import IO, Any
 
 import pytest
 from pg_support import pg_dsn
 
+from ledger.application import Ledger
 from ledger.store import open_store
 from scripts.simulate import generate
 
@@ -288,3 +290,27 @@ def test_query_wait_behind_a_stuck_follower_gives_up_after_the_timeout(
         "nothing of this transaction was written\n")
     assert waited < 30
     assert alloc_ledger("query", "nodes", "--wait", url=pg_url).returncode == 0  # once it is gone
+
+
+def test_a_follower_wakes_on_its_own_schemas_appends_not_on_anothers(pg_url):
+    """Each schema is a ledger of its own: appends to another schema in the
+    same database do not wake this one's followers (the library's channel
+    is named after the table alone, the same in every schema)."""
+    import psycopg  # only where PostgreSQL is
+
+    dsn = pg_dsn()
+    assert dsn is not None
+    schema = f"t_{uuid.uuid4().hex[:16]}"
+    other = f"{dsn}{'&' if '?' in dsn else '?'}schema={schema}"
+    try:
+        with Ledger.open(pg_url) as mine, Ledger.open(other) as theirs:
+            for ledger in (mine, theirs):
+                assert ledger.submit({"type": "node-registered", "node": "n1"}).ok
+            with mine.store.appends() as wait:  # type: ignore[attr-defined]
+                assert theirs.submit({"type": "heartbeat", "node": "n1"}).ok
+                assert wait(1.0) is False
+                assert mine.submit({"type": "heartbeat", "node": "n1"}).ok
+                assert wait(10.0) is True
+    finally:
+        with psycopg.connect(dsn, autocommit=True) as connection:
+            connection.execute(f"DROP SCHEMA IF EXISTS {schema} CASCADE")
