@@ -245,6 +245,18 @@ def connection_lost(error: BaseException | None) -> bool:
     return state is None or state.startswith("08") or state in ("57P01", "57P02", "57P03")
 
 
+def waited_for_tracking(error: BaseException | None) -> bool:
+    """Whether a lock waited out was the projections' tracking row (held by a
+    follower's transaction; taken by a writer that projects inline), not the
+    log's: PostgreSQL names the relation of a row it was locking."""
+    return isinstance(error, psycopg.errors.LockNotAvailable) and (
+        'relation "tracking"' in (error.diag.context or ""))
+
+
+TRACKING_HELD = ("the projection tables' tracking row, which a writer that projects inline "
+                 "takes: a follower's transaction holds it, maybe stopped or cut off")
+
+
 def lost_lead(error: BaseException) -> bool:
     """Whether a leader's failure was its session ending (or its lease running
     out waiting for the log's lock), not its work failing."""
@@ -388,6 +400,8 @@ class Handoff:
         if ended is None:
             return ""
         # It lost the lead as often as it may stand by again.
+        if waited_for_tracking(ended[0].__cause__):
+            return f"; its leader waited {self.lease:g} s in vain for {TRACKING_HELD}"
         if isinstance(ended[0].__cause__, psycopg.errors.LockNotAvailable):
             return (f"; its leader waited {self.lease:g} s for the log's lock in vain: "
                     "another session holds it, a writer stopped or cut off maybe")

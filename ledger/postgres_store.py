@@ -38,7 +38,7 @@ from psycopg.rows import dict_row, tuple_row
 from ledger import postgres_writes
 from ledger.errors import GrantRefused, LockWaitedOut, MadeByNewer, StoreUnavailable, first_few
 from ledger.postgres_handoff import TABLES as HANDOFF_TABLES
-from ledger.postgres_handoff import Handoff, connection_lost
+from ledger.postgres_handoff import TRACKING_HELD, Handoff, connection_lost, waited_for_tracking
 from ledger.postgres_preload import KNOWN_IDS, Preload, known_ids, named_by, not_cached
 from ledger.postgres_writes import LogRecorder
 from ledger.store import (
@@ -692,7 +692,8 @@ class PostgresStore:
             cause = error.__cause__ if isinstance(error, PersistenceError) else error
             if isinstance(cause, psycopg.errors.LockNotAvailable):  # ``lock_timeout``
                 held = (f"the projection tables', most likely: a {holder} transaction holds "
-                        "them, maybe stopped or stuck" if holder else
+                        "them, maybe stopped or stuck" if holder else TRACKING_HELD
+                        if waited_for_tracking(cause) else
                         "the log's, most likely: its holder may be a writer stopped or cut off")
                 raise LockWaitedOut(
                     f"store {self.shown}: gave up waiting for a lock after {waits or 0:g} s "

@@ -458,6 +458,33 @@ def test_writers_carry_on_while_the_leader_is_stopped_in_the_middle_of_a_round(
         assert verify(ledger.store).ok
 
 
+HELD = (r"the projection tables' tracking row, which a writer that projects inline takes: "
+        r"a follower's transaction holds it")
+
+
+@pytest.mark.parametrize("writers, reason", [
+    ("combine", r"no writer decided the batch within 2 s \(nothing of it was written; its "
+                r"leader waited 1 s in vain for " + HELD),
+    ("lock", r"gave up waiting for a lock after 2 s \(" + HELD),
+])
+def test_an_inline_writer_held_up_by_a_follower_names_the_tracking_row(
+    pg_url, pg_schema, tables, writers, reason
+):
+    """A follower's transaction that never ends (stopped mid catch-up) holds
+    the tracking row an inline writer must take: the error names that row,
+    not the log's lock, which nobody holds."""
+    _register(pg_url, "n1")
+    with psycopg.connect(os.environ["ALLOC_LEDGER_TEST_PG"], autocommit=True) as holder:
+        holder.execute("BEGIN")
+        holder.execute(f"SELECT * FROM {pg_schema}.tracking FOR UPDATE")
+        result = _submit(f"{pg_url}&writers={writers}&timeout=2&projections=inline", 20)
+
+    assert result.returncode == 3, result
+    assert len(result.stderr.decode().splitlines()) == 1, result.stderr
+    assert re.search(reason, result.stderr.decode()), result.stderr
+    assert tables(pg_url).head() == 1  # nothing of it was written
+
+
 def _submit(url: str, timeout: float) -> subprocess.CompletedProcess[bytes]:
     """``submit -`` of one heartbeat, given at most ``timeout`` seconds."""
     return subprocess.run(
