@@ -27,6 +27,7 @@ import click
 import pytest
 from cli_support import bound_by_file_modes, invoke
 from click.testing import CliRunner, Result
+from signal_support import as_at_a_terminal
 
 from commands.cli import cli
 from commands.stories import all_events
@@ -437,10 +438,12 @@ def test_submit_stdin_through_a_pipe(url):
 ])
 @pytest.mark.parametrize("quiet", [False, True])
 def test_ctrl_c_on_a_stream_exits_130_in_one_line_saying_what_was_kept(url, quiet, sig, code, what):
-    writer = subprocess.Popen(
-        [sys.executable, "-m", "commands", "--store", url, "submit", "-", *(["--quiet"] * quiet)],
-        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-    )
+    with as_at_a_terminal():
+        writer = subprocess.Popen(
+            [sys.executable, "-m", "commands", "--store", url, "submit", "-",
+             *(["--quiet"] * quiet)],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        )
     assert writer.stdin is not None and writer.stdout is not None
     writer.stdin.write(lines({"type": "node-registered", "node": "n1"},
                              {"type": "alloc-removed", "alloc": "a1"}))
@@ -490,9 +493,11 @@ def test_a_terminal_that_hangs_up_ends_a_command_as_sighup_says(url, command, sh
     """The terminal itself goes away (an ssh session closed): SIGHUP, and
     every write to it fails from then on, the last lines included."""
     invoke(store(url, "submit", "node-registered", "--node", "n0"))
-    pid, terminal = pty.fork()
-    if pid == 0:  # the command, on the terminal's other side
-        os.execv(sys.executable, [sys.executable, "-m", "commands", "--store", url, *command])
+    with as_at_a_terminal():
+        pid, terminal = pty.fork()
+        if pid == 0:  # the command, on the terminal's other side (within the block: it
+            # never leaves it, which would put back what the test run ignores)
+            os.execv(sys.executable, [sys.executable, "-m", "commands", "--store", url, *command])
     os.write(terminal, b'{"type": "node-registered", "node": "n1"}\n')
     seen, deadline = b"", time.monotonic() + 60
     while shown not in seen and time.monotonic() < deadline:

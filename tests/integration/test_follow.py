@@ -19,6 +19,7 @@ from typing import IO, Any
 
 import pytest
 from pg_support import pg_dsn
+from signal_support import as_at_a_terminal
 
 from ledger.application import Ledger
 from ledger.store import open_store
@@ -32,12 +33,13 @@ class Follower:
 
     def __init__(self, url: str, batch: int, *options: str) -> None:
         open_store(url).close()  # a follower follows a ledger a writer has made
-        self.process = subprocess.Popen(
-            [sys.executable, "-m", "commands", "--store", url, "project", "--follow",
-             "--batch", str(batch), "--poll", "0.5", *options],
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT,
-            env={**os.environ, "PYTHONPATH": str(ROOT)},
-        )
+        with as_at_a_terminal():
+            self.process = subprocess.Popen(
+                [sys.executable, "-m", "commands", "--store", url, "project", "--follow",
+                 "--batch", str(batch), "--poll", "0.5", *options],
+                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT,
+                env={**os.environ, "PYTHONPATH": str(ROOT)},
+            )
         self.lines: list[dict[str, Any]] = []
         self._reader = threading.Thread(target=self._read, args=(self.process.stdout,))
         self._reader.start()

@@ -212,10 +212,11 @@ def zombies(cluster):
     ("n2", 0),  # held on another node's slot
     ("n2", None),  # on another node, without a slot
     ("n1", None),  # on this node, but bound to no slot
+    ("n1", 1),  # on this node, bound to its other slot (Flink: a slot report behind a move)
 ])
 def test_an_allocation_history_binds_elsewhere_is_a_moved_zombie(cluster, node, slot):
     """SPEC: ``moved``, history binds it to another slot or node."""
-    cluster.ready_node("n1", slots=1)
+    cluster.ready_node("n1", slots=2)
     cluster.ready_node("n2", slots=1)
     cluster.running("a1", node, slot=slot)
 
@@ -224,6 +225,7 @@ def test_an_allocation_history_binds_elsewhere_is_a_moved_zombie(cluster, node, 
     assert zombies(cluster) == [
         {"node": "n1", "slot": 0, "alloc": "a1", "reason": "moved", "position": position}]
     assert cluster.slot_state("n1", 0) == ("free", None)
+    assert cluster.slot_state("n1", 1) == (("active", "a1") if slot == 1 else ("free", None))
 
 
 @pytest.mark.parametrize("end", ["complete", "lost"])
@@ -976,6 +978,34 @@ def test_a_failed_health_check_recycles_the_node_like_node_down(cluster):
     assert cluster.holder("10.0.0.5") is None
     assert (cluster.status("wc1"), cluster.status("wc2")) == ("down", "down")
     assert cluster.states("lease-wc2") == [("lost", position)]
+
+
+@pytest.mark.parametrize("status", ["disconnected", "initializing"])
+def test_a_failed_health_check_recycles_a_node_that_is_not_ready_too(cluster, status):
+    """A node that missed its heartbeat (and one heartbeating again while its
+    allocations still need to reconnect) goes down on a failed check: what
+    waited to reconnect is lost, not left waiting on a recycled node."""
+    cluster.ready_node("n1", slots=1)
+    cluster.running("a1", "n1", slot=0, addresses=["10.0.0.5"], max_disconnect=300)
+    missed = cluster.happens("heartbeat-missed", node="n1")
+    if status == "initializing":
+        cluster.happens("heartbeat", node="n1")
+    assert (cluster.status("n1"), cluster.needing_reconnect()) == (status, ["a1"])
+
+    position = cluster.happens("health-checked", node="n1", passed=False)
+
+    node = cluster.node("n1")
+    assert (node["status"], node["reason"], node["since_position"]) == (
+        "down", "health check failed", position
+    )
+    alloc = cluster.alloc("a1")
+    assert (alloc["client_status"], alloc["desired_status"], alloc["needs_reconnect"]) == (
+        "lost", "stop", 0
+    )
+    assert cluster.states("a1") == [("unknown", missed), ("lost", position)]
+    assert cluster.needing_reconnect() == []
+    assert cluster.slot_state("n1", 0) == ("free", None)
+    assert cluster.holder("10.0.0.5") is None
 
 
 def test_a_failed_health_check_on_a_node_already_down_changes_nothing(cluster):
