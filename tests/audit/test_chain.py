@@ -497,13 +497,26 @@ def test_verify_names_a_row_kept_under_another_stream(attack: Attack) -> None:
         "position 7): inserted by hand"))
 
 
+@pytest.mark.parametrize("position", [120, 0])  # 0: the empty log's digest is the genesis hash
 def test_a_digest_for_another_history_does_not_verify(
-    ledger_log: tuple[StoreUnderTest, Store],
+    ledger_log: tuple[StoreUnderTest, Store], position: int
 ) -> None:
     target, store = ledger_log
-    forged = Digest(120, "ef" * 32)
+    forged = Digest(position, "ef" * 32)
     assert not verify(store, forged).ok
-    assert run("verify", "--digest", str(forged), url=target.url).returncode == 1
+    refused = run("verify", "--digest", str(forged), url=target.url)
+    assert refused.returncode == 1
+    assert f"no longer extends digest {forged}" in one_line_error(refused.stderr)
+
+
+@pytest.mark.parametrize("position", [0, -3])
+def test_a_chain_hash_below_position_1_is_named_where_it_is(attack: Attack, position: int) -> None:
+    attack.attacker.extra_hash(position)
+
+    found = verify(attack.store)
+
+    assert (found.ok, found.position) == (False, position)
+    assert f"position {position} has a chain hash but no event" in found.problem
 
 
 @pytest.mark.parametrize("text", ["12", "12:abc", "x:" + "a" * 64, "-1:" + "a" * 64,

@@ -11,6 +11,10 @@ import pytest
 from audit_support import StoreUnderTest, history, one_line_error, run, texts
 
 from ledger.application import Ledger
+from ledger.store import open_store
+from projections import replay as replaying
+from projections.asof import AsOf
+from projections.replay import KEYS
 from projections.tables import TABLES
 
 EVENTS = 1500
@@ -93,6 +97,61 @@ def test_replay_names_every_corrupted_row_and_exits_1(under_test: StoreUnderTest
     missing = next(d for d in report["differences"] if d["table"] == "nodes")
     assert missing["expected"]["node"] == gone and missing["found"] is None
     assert scratch_tables(under_test) == []
+
+
+def column_kinds(target: StoreUnderTest, table: str) -> dict[str, str]:
+    """Each column of a live table and its declared type, upper case."""
+    if target.dialect == "sqlite":
+        return {row[1]: row[2].upper() for row in target.sql(f"PRAGMA table_info({table})")}
+    return {name: kind.upper() for name, kind in target.sql(
+        "SELECT column_name, data_type FROM information_schema.columns "
+        "WHERE table_schema = current_schema() AND table_name = ?", (table,))}
+
+
+def test_replay_compares_every_column_of_every_table(under_test: StoreUnderTest) -> None:
+    """One row of each table forged in every column but its key: each
+    column is named, none is left out of the comparison."""
+    told(under_test)
+    forged: set[tuple[str, str]] = set()
+    for table in TABLES:
+        key, kinds = KEYS[table], column_kinds(under_test, table)
+        ident = under_test.sql(
+            f"SELECT {', '.join(key)} FROM {table} ORDER BY {', '.join(key)} LIMIT 1")[0]
+        changed = [column for column in kinds if column not in key]
+        under_test.sql(
+            f"UPDATE {table} SET {', '.join(f'{c} = ?' for c in changed)} "
+            f"WHERE {' AND '.join(f'{k} = ?' for k in key)}",
+            (*("forged" if "TEXT" in kinds[c] else -7 for c in changed), *ident),
+        )
+        forged |= {(table, column) for column in changed}
+
+    code, report, _ = replayed(under_test)
+
+    assert code == 1
+    named = {(d["table"], d["column"]) for d in report["differences"] if d["problem"] == "differs"}
+    assert forged - named == set()
+    assert {table for table, _ in forged} == set(TABLES)
+
+
+def test_replay_to_a_position_names_what_the_as_of_state_has_otherwise(
+    under_test: StoreUnderTest, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """An as-of state one event short (as a bad checkpoint would give) is a
+    difference with the replay to that position."""
+    told(under_test, 900)
+    rebuild = replaying.rebuild
+    monkeypatch.setattr(replaying, "rebuild", lambda store, point: rebuild(
+        store, AsOf(position=point.position - 1)))
+    store = open_store(under_test.url)
+    try:
+        report = replaying.replay(store, 700)
+    finally:
+        store.close()
+
+    assert (report.ok, report.position) == (False, 700)
+    expected = [d.expected for d in report.differences]
+    values = [v for e in expected for v in (e.values() if isinstance(e, dict) else [e])]
+    assert 700 in values  # what event 700 did, which the state one event short lacks
 
 
 def test_a_corrupted_row_is_named_in_the_readable_report(

@@ -101,6 +101,16 @@ def test_a_good_checkpoint_is_the_start_of_an_as_of_replay(tmp_path):
     assert dump(found[0]) == dump(scratch)
 
 
+@pytest.mark.parametrize("position", [39, 40, 41])  # a checkpoint is kept at 40
+def test_an_as_of_replay_starts_from_no_checkpoint_beyond_its_position(tmp_path, position):
+    with checkpointed(tmp_path / "l.db") as ledger:
+        cluster, reached = rebuild(ledger.store, AsOf(position=position))
+        scratch, _ = rebuild(ledger.store, AsOf(position=position), every=0)
+        before, _ = rebuild(ledger.store, AsOf(position=position - 1), every=0)
+    assert reached == position
+    assert dump(cluster) == dump(scratch) != dump(before)
+
+
 @pytest.mark.parametrize("damage", ["garbage", "another ledger's", "its hash lost", "max_at"])
 def test_a_checkpoint_not_bound_to_this_log_is_passed_over_and_replaced(tmp_path, damage):
     path = tmp_path / "l.db"
