@@ -81,11 +81,12 @@ def submit(ctx: click.Context, source: str, quiet: bool, batch: int) -> None:
         counts = _print([list(enumerate(receipts, 1))], quiet, progress=False)
     else:
         if ctx.args:
-            raise click.UsageError(
-                f"{source!r} is not an event type ({TYPES_NAMED}); flags "
-                f"({' '.join(ctx.args)}) follow an event type: alloc-ledger submit TYPE --field value"
-            )
+            raise click.UsageError(_extra(source, ctx.args))
         stream = _open(source)
+        if source == "-" and stream.isatty() and not quiet:
+            with suppress(OSError):
+                click.echo("reading events from the terminal, one JSON object per line; "
+                           "Ctrl-D ends", err=True)
         with Ledger.open(store_of(ctx)) as ledger, terminated_as_interrupted():
             counts = _print(_stream(ledger, stream, batch), quiet, sys.stderr.isatty())
         if not any(counts.values()):  # a producer that died before writing looks like this
@@ -94,6 +95,18 @@ def submit(ctx: click.Context, source: str, quiet: bool, batch: int) -> None:
         _out(json.dumps(dict(counts)) + "\n", None)
     if counts["rejected"] or counts["invalid"] or counts[OF_REJECTED]:
         ctx.exit(1)
+
+
+def _extra(source: str, args: list[str]) -> str:
+    """What is wrong with words after a source: a stream takes none, and
+    flags follow an event type (a mistyped one, when no such file is there)."""
+    words = " ".join(args)
+    if source == "-" or os.path.exists(source) or not args[0].startswith("--"):
+        what = "stdin (-)" if source == "-" else f"the file {source!r}"
+        return (f"unexpected extra argument{'s' if len(args) > 1 else ''} ({words}): "
+                f"submit reads one stream at a time, here {what}")
+    return (f"{source!r} is not an event type ({TYPES_NAMED}); flags "
+            f"({words}) follow an event type: alloc-ledger submit TYPE --field value")
 
 
 def _one_from_flags(ctx: click.Context, event_type: str) -> Receipt:
@@ -317,7 +330,7 @@ def _print(
             if progress and time.monotonic() - shown > 0.2:
                 shown = time.monotonic()
                 total = sum(tally.values()) - tally[OF_REJECTED]
-                click.echo(f"\r{total} events, {tally['rejected']} rejected, "
+                click.echo(f"\r{total} event{'' if total == 1 else 's'}, {tally['rejected']} rejected, "
                            f"{tally['invalid']} invalid", err=True, nl=False)
     except KeyboardInterrupt as stop:
         _clear(progress)

@@ -65,14 +65,16 @@ SPACE = (
     r"\u180b-\u180f\u2000-\u200f\u2028-\u202f\u205f-\u206f\u2800\u3000\u3164"
     r"\ufe00-\ufe0f\ufeff\uffa0\ufff9-\ufffb"
 )
-# Some are refused anywhere in a new name: controls and marks of text
-# direction (they make it show as another: "Trojan Source"), zero-width
-# spaces, joiners of words and invisible operators, the soft hyphen, the
-# byte order mark. Other invisible characters may be inside one: U+200C and
-# U+200D join letters in Persian or Devanagari, variation selectors and
-# fillers are parts of emoji and Hangul.
+# Some are refused anywhere in a new name: control characters and the
+# line and paragraph separators (a tab, a line break, U+0001, DEL, U+0080 to
+# U+009F, U+2028, U+2029: one would split the name over two lines of a
+# table or CSV, or show as nothing), marks of text direction (they make it show
+# as another: "Trojan Source"), zero-width spaces, joiners of words and
+# invisible operators, the soft hyphen, the byte order mark. Other invisible
+# characters may be inside one: U+200C and U+200D join letters in Persian
+# or Devanagari, variation selectors and fillers are parts of emoji and Hangul.
 NOWHERE = (
-    r"\xad\u061c\u180e\u200b\u200e\u200f\u202a-\u202e\u2060-\u2064\u2066-\u206f"
+    r"\x01-\x1f\x7f-\x9f\xad\u061c\u180e\u200b\u200e\u200f\u2028-\u202e\u2060-\u2064\u2066-\u206f"
     r"\ufeff\ufff9-\ufffb"
 )
 HIDDEN = re.compile(f"[{NOWHERE}]")
@@ -325,8 +327,11 @@ def describe(error: ValidationError, tagged: bool = True) -> str:
             hidden := HIDDEN.search(str(item.get("input")))
         ):
             char = hidden.group()
-            parts.append(f"field '{field}': must not contain U+{ord(char):04X} "
-                         f"({unicodedata.name(char, 'unnamed')}), which does not show as itself")
+            shown = {"Cc": "(a control character)", "Zl": "(a line break)",
+                     "Zp": "(a line break)"}.get(
+                unicodedata.category(char),
+                f"({unicodedata.name(char, 'unnamed')}), which does not show as itself")
+            parts.append(f"field '{field}': must not contain U+{ord(char):04X} {shown}")
         elif kind == "string_pattern_mismatch" and (
             "#" not in str(item.get("input")) or field not in ("node", "parent")
         ):  # a node's name may hold neither; '#' is named first

@@ -306,6 +306,8 @@ def audit(store: Store, start: int | None = None, end: int | None = None) -> Aud
     if first > last and head > 0:
         if end is None:
             raise OutOfRange("--from", f"position {first} is beyond the head of the log ({head})")
+        if start is None:
+            raise OutOfRange("--to", f"position {last} is before the first position (1)")
         raise OutOfRange("--from", f"position {first} is after --to {last}")
     auditor = Auditor(first)
     for stored in gapless(store.read_log(0, last)):

@@ -511,6 +511,51 @@ def test_a_terminal_that_hangs_up_ends_a_command_as_sighup_says(url, command, sh
     assert os.waitstatus_to_exitcode(status) == code
 
 
+def test_flags_after_a_file_that_is_there_are_extra_arguments(url, tmp_path):
+    """A file named like an event type is read as the file: flags after it
+    are extra, not those of an event type."""
+    source = tmp_path / "heartbeat"
+    source.write_text(lines({"type": "node-registered", "node": "n1"}))
+    result = invoke(store(url, "submit", str(source), "--node", "n1"), code=2)
+
+    assert result.stderr == (
+        f"Error: unexpected extra arguments (--node n1): submit reads one stream at a time, "
+        f"here the file '{source}' (see 'alloc-ledger submit --help')\n")
+    assert not Path(url[len("sqlite:///"):]).exists()
+
+
+def test_a_stream_typed_at_a_terminal_says_how_to_end_it(url):
+    """``submit -`` on a terminal would otherwise wait without a word."""
+    with as_at_a_terminal():
+        pid, terminal = pty.fork()
+        if pid == 0:
+            os.execv(sys.executable, [sys.executable, "-m", "commands", "--store", url,
+                                      "submit", "-"])
+    seen = b""
+
+    def until(shown: bytes) -> None:
+        nonlocal seen
+        deadline = time.monotonic() + 60
+        while shown not in seen and time.monotonic() < deadline:
+            if select.select([terminal], [], [], 0.5)[0]:
+                seen += os.read(terminal, 4096)
+        assert shown in seen, seen
+
+    until(b"reading events from the terminal, one JSON object per line; Ctrl-D ends")
+    os.write(terminal, b'{"type": "node-registered", "node": "n1"}\n')
+    until(b'"status": "appended"')
+    os.write(terminal, b"\x04")  # Ctrl-D: the end of the stream
+
+    _, status = os.waitpid(pid, 0)
+    os.close(terminal)
+    assert os.waitstatus_to_exitcode(status) == 0
+
+
+def test_a_piped_stream_says_nothing_on_stderr(url):
+    result = invoke(store(url, "submit", "-"), input=lines({"type": "node-registered", "node": "n1"}))
+    assert (result.stdout, result.stderr) == (result_line(1, "appended", 1), "")
+
+
 def test_a_store_lost_mid_stream_says_how_far_it_got(tmp_path, url, monkeypatch):
     """A lost server (a restart, a terminated session) ends the stream with
     exit 3, saying which lines were decided and kept before it."""
@@ -612,6 +657,11 @@ COMMAND_NAMES = {"submit", "query", "nodes", "allocs", "alloc", "history", "need
         (["submit", "nosuch-type", "--node", "x"],
          (f"'nosuch-type' is not an event type ({TYPES_NAMED}); flags (--node x) follow an "
           "event type: alloc-ledger submit TYPE --field value")),
+        (["submit", "-", "extra"],
+         "unexpected extra argument (extra): submit reads one stream at a time, here stdin (-)"),
+        (["submit", "a.jsonl", "b.jsonl", "c.jsonl"],
+         ("unexpected extra arguments (b.jsonl c.jsonl): submit reads one stream at a time, "
+          "here the file 'a.jsonl'")),
         (["submit", "heartbeet"],
          ("Invalid value: cannot read heartbeet: No such file or directory "
           "(nor is it an event type)")),
@@ -1375,6 +1425,7 @@ def test_as_of_a_position_past_the_head_is_a_usage_error(small, args):
     (["replay", "--to", "6"], "Invalid value for '--to': position 6 is beyond the head of the log (5)"),
     (["audit", "--to", "6"], "Invalid value for '--to': position 6 is beyond the head of the log (5)"),
     (["audit", "--from", "4", "--to", "3"], "Invalid value for '--from': position 4 is after --to 3"),
+    (["audit", "--to", "0"], "Invalid value for '--to': position 0 is before the first position (1)"),
     (["audit", "--from", "6"], "Invalid value for '--from': position 6 is beyond the head of the log (5)"),
 ])
 def test_a_range_the_log_does_not_hold_is_a_usage_error_of_its_option(small, args, error):
@@ -1801,3 +1852,13 @@ def test_a_stream_shows_its_progress_on_a_terminal(monkeypatch, capsys):
     assert "\r3 events, 1 rejected, 1 invalid" in shown
     assert shown.endswith("\r" + " " * 60 + "\r")
     assert (counts["appended"], counts["rejected"], counts["invalid"]) == (1, 1, 1)
+
+
+def test_the_progress_of_one_event_says_event(monkeypatch, capsys):
+    from commands import submit as submitting
+
+    clock = iter(range(100))
+    monkeypatch.setattr(submitting.time, "monotonic", lambda: float(next(clock)))
+    submitting._print(iter([[(1, Receipt("appended", 1))]]), quiet=True, progress=True)
+
+    assert "\r1 event, 0 rejected, 0 invalid" in capsys.readouterr().err

@@ -145,16 +145,23 @@ def test_output_cut_short_by_a_file_size_limit_is_not_a_success(tmp_path):
 SEPARATED = "n\u2028x\u2029y\x85z"  # legal in JSON text as they are, but line breaks to many
 
 
+def suspected(url: str, reason: str) -> str:
+    """A node suspected for a reason: text that may hold any character but
+    NUL (a new name may not hold a line break; a reason, a source may)."""
+    return submitted(url, {"type": "node-registered", "node": "n1"},
+                     {"type": "node-suspected", "node": "n1", "reason": reason})
+
+
 def test_json_escapes_the_line_breaks_it_may_leave_raw(url):
-    submitted(url, {"type": "node-registered", "node": SEPARATED})
+    suspected(url, SEPARATED)
     for fmt, lines in (("jsonl", 1), ("json", None)):
-        printed = invoke(["--store", url, "query", "nodes", "--format", fmt]).stdout
+        printed = invoke(["--store", url, "query", "suspects", "--format", fmt]).stdout
 
         assert not {"\u2028", "\u2029", "\x85"} & set(printed)
         assert "n\\u2028x\\u2029y\\u0085z" in printed
         assert lines is None or len(printed.splitlines()) == lines
         found = [json.loads(line) for line in printed.splitlines()] if lines else json.loads(printed)
-        assert [row["node"] for row in found] == [SEPARATED]
+        assert [row["reason"] for row in found] == [SEPARATED]
 
 
 def test_json_without_line_breaks_keeps_its_text_as_it_is(url):
@@ -164,17 +171,17 @@ def test_json_without_line_breaks_keeps_its_text_as_it_is(url):
 
 
 def test_table_cells_escape_newlines_tabs_and_control_characters(url):
-    submitted(url, {"type": "node-registered", "node": "a\nb\tc\x1b[31m\u2028d"})
-    printed = invoke(["--store", url, "query", "nodes", "--format", "table"]).stdout
+    suspected(url, "a\nb\tc\x1b[31m\u2028d")
+    printed = invoke(["--store", url, "query", "suspects", "--format", "table"]).stdout
 
-    assert printed.splitlines()[1].startswith("a\\nb\\tc\\x1b[31m\\u2028d  initializing")
+    assert printed.splitlines()[1].startswith("n1    suspect  initializing  a\\nb\\tc\\x1b[31m\\u2028d")
     assert len(printed.splitlines()) == 2
 
 
 def test_csv_keeps_values_as_they_are(url):
-    submitted(url, {"type": "node-registered", "node": "a\nb\u2028c"})
-    printed = invoke(["--store", url, "query", "nodes", "--format", "csv"]).stdout
-    assert printed.split("\n", 1)[1].startswith('"a\nb\u2028c",initializing')
+    suspected(url, "a\nb\u2028c")
+    printed = invoke(["--store", url, "query", "suspects", "--format", "csv"]).stdout
+    assert printed.split("\n", 1)[1].startswith('n1,suspect,initializing,"a\nb\u2028c",')
 
 
 def test_an_error_naming_a_value_is_one_line(small):

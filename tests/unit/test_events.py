@@ -203,16 +203,16 @@ def test_half_a_character_escaped_is_told_so(line: bytes, problem: str) -> None:
 
 @pytest.mark.parametrize(("event", "field"), [
     ({"type": "node-registered", "node": "n1 "}, "node"),
-    ({"type": "node-registered", "node": "\tn1"}, "node"),
-    ({"type": "node-registered", "node": "n1\x1c"}, "node"),  # not \s to Rust, \s to Python
+    ({"type": "node-registered", "node": "\u2003n1"}, "node"),  # an em space
+    ({"type": "node-registered", "node": "n1\u205f"}, "node"),  # a medium mathematical space
     ({"type": "node-registered", "node": "\u3000n1"}, "node"),  # an ideographic space
     *[({"type": "node-registered", "node": name}, "node")  # invisible, drawn blank: \s to none
       for c in "\u034f\u115f\u1160\u2800\u3164\ufe0f\uffa0" for name in (f"{c}n1", f"n1{c}")],
     ({"type": "alloc-placed", "alloc": "a1\u180b", "node": "n1"}, "alloc"),
     ({"type": "alloc-placed", "alloc": " a1", "node": "n1"}, "alloc"),
     ({"type": "alloc-placed", "alloc": "a#1 ", "node": "n1"}, "alloc"),
-    ({"type": "alloc-placed", "alloc": "a1", "node": "n1", "job": "web\t"}, "job"),
-    ({"type": "alloc-placed", "alloc": "a1", "node": "n1", "addresses": ["10.0.0.5\u0085"]},
+    ({"type": "alloc-placed", "alloc": "a1", "node": "n1", "job": "web\u00a0"}, "job"),
+    ({"type": "alloc-placed", "alloc": "a1", "node": "n1", "addresses": ["10.0.0.5\u3000"]},
      "addresses.0"),
     ({"type": "heartbeat", "node": "n1", "id": "k1 "}, "id"),
 ])
@@ -246,6 +246,40 @@ def test_a_new_name_with_a_character_that_does_not_show_anywhere_is_invalid(
     """n\u200b1 would show as n1, \u202eq as q turned around ("Trojan Source")."""
     assert outcome(event) == (
         "invalid", f"field '{field}': must not contain {char}, which does not show as itself")
+    assert not schema_validator().is_valid(event)
+
+
+@pytest.mark.parametrize(("event", "field", "code"), [
+    ({"type": "node-registered", "node": "\tn1"}, "node", "0009"),
+    ({"type": "node-registered", "node": "n1\nn2"}, "node", "000A"),
+    ({"type": "node-registered", "node": "n1\x1c"}, "node", "001C"),
+    ({"type": "node-registered", "node": "n\x011"}, "node", "0001"),
+    ({"type": "alloc-placed", "alloc": "a\x7f1", "node": "n1"}, "alloc", "007F"),
+    ({"type": "alloc-placed", "alloc": "a1", "node": "n1", "job": "web\tblue"}, "job", "0009"),
+    ({"type": "alloc-placed", "alloc": "a1", "node": "n1", "addresses": ["10.0.0.5\u0085"]},
+     "addresses.0", "0085"),
+    ({"type": "alloc-placed", "alloc": "a1", "node": "n1", "job": "w\x9f"}, "job", "009F"),
+    ({"type": "heartbeat", "node": "n1", "id": "k\r1"}, "id", "000D"),
+])
+def test_a_new_name_with_a_control_character_anywhere_is_invalid(
+    event: dict, field: str, code: str
+) -> None:
+    """A tab or a line break inside a name would split it over two lines of
+    a table or a CSV file; DEL and U+0080 to U+009F show as nothing."""
+    assert outcome(event) == (
+        "invalid", f"field '{field}': must not contain U+{code} (a control character)")
+    assert not schema_validator().is_valid(event)
+
+
+@pytest.mark.parametrize(("event", "field", "code"), [
+    ({"type": "node-registered", "node": "n1\u2028n2"}, "node", "2028"),
+    ({"type": "alloc-placed", "alloc": "a1\u2029", "node": "n1"}, "alloc", "2029"),
+])
+def test_a_new_name_with_a_line_or_paragraph_separator_is_invalid(
+    event: dict, field: str, code: str
+) -> None:
+    assert outcome(event) == (
+        "invalid", f"field '{field}': must not contain U+{code} (a line break)")
     assert not schema_validator().is_valid(event)
 
 
