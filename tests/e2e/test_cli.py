@@ -556,6 +556,36 @@ def test_a_piped_stream_says_nothing_on_stderr(url):
     assert (result.stdout, result.stderr) == (result_line(1, "appended", 1), "")
 
 
+@pytest.mark.parametrize("failure", [RuntimeError("boom"), OSError(5, "Input/output error")],
+                         ids=["a bug", "an OSError not about stdout"])
+def test_a_failure_no_rule_names_is_one_line_not_a_traceback(url, monkeypatch, failure):
+    from commands import submit as submitting
+
+    def broken(ctx, event_type):
+        raise failure
+
+    monkeypatch.setattr(submitting, "_one_from_flags", broken)
+    monkeypatch.delenv("ALLOC_LEDGER_DEBUG", raising=False)
+    result = invoke(store(url, "submit", "heartbeat", "--node", "n1"), code=1)
+
+    assert result.stderr == (
+        f"Error: internal error: {type(failure).__name__}: {failure} "
+        "(set ALLOC_LEDGER_DEBUG=1 for the traceback)\n")
+
+
+def test_alloc_ledger_debug_lets_the_traceback_through(url, monkeypatch):
+    from commands import submit as submitting
+
+    def broken(ctx, event_type):
+        raise RuntimeError("boom")
+
+    monkeypatch.setattr(submitting, "_one_from_flags", broken)
+    monkeypatch.setenv("ALLOC_LEDGER_DEBUG", "1")
+    result = CliRunner().invoke(cli, store(url, "submit", "heartbeat", "--node", "n1"))
+
+    assert isinstance(result.exception, RuntimeError) and str(result.exception) == "boom"
+
+
 def test_a_store_lost_mid_stream_says_how_far_it_got(tmp_path, url, monkeypatch):
     """A lost server (a restart, a terminated session) ends the stream with
     exit 3, saying which lines were decided and kept before it."""

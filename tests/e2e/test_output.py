@@ -114,6 +114,22 @@ def test_help_or_version_to_a_full_stdout_is_one_line_not_a_traceback(args):
     assert (done.returncode, one_line_of(done.stderr)) == (1, FULL)
 
 
+@pytest.mark.parametrize("args", [["--help"], ["--version"], ["submit", "--help"]], ids=" ".join)
+def test_help_to_a_reader_already_gone_is_the_lost_output_line(args):
+    """click's own text to a pipe whose reader has closed it (EPIPE): the
+    output lost, not an internal error."""
+    reading, writing = os.pipe()
+    os.close(reading)
+    try:
+        done = subprocess.run([*CLI, *args], stdout=writing, stderr=subprocess.PIPE,
+                              check=False, text=True, timeout=120)
+    finally:
+        os.close(writing)
+
+    assert (done.returncode, one_line_of(done.stderr)) == (
+        1, "Error: cannot print the output to stdout (Broken pipe)")
+
+
 @pytest.mark.parametrize("fmt", ["json", "jsonl", "csv", "table"])
 def test_a_reader_that_stops_early_ends_it_with_one_line(url, fmt):
     submitted(url, *({"type": "node-registered", "node": f"n{i}"} for i in range(5000)))
