@@ -72,6 +72,7 @@ def test_a_byte_order_mark_before_the_first_line_is_dropped_there_only() -> None
     assert from_file(alone) == from_pipe(alone, 5) == [(2, b"{}\n")]
 
 
+@pytest.mark.timeout(20)  # a take that waits for a full batch would wait here for good
 def test_lines_already_waiting_come_in_one_batch_up_to_its_size() -> None:
     reading, writing = os.pipe()
     os.write(writing, b"a\nb\n\nc\n")
