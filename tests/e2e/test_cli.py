@@ -1390,6 +1390,69 @@ def test_a_filter_on_what_the_ledger_holds_may_answer_nothing(small, args, count
     assert len(json.loads(invoke(store(small, "query", *args)).stdout)) == count
 
 
+def test_a_job_whose_allocations_were_all_removed_answers_nothing(url):
+    """Its job is one an allocation had: an empty answer, not "no such job"."""
+    source = [
+        {"type": "node-registered", "node": "n1", "slots": 1},
+        {"type": "heartbeat", "node": "n1"},
+        {"type": "alloc-placed", "alloc": "a1", "node": "n1", "slot": 0, "job": "web"},
+        {"type": "alloc-updated", "alloc": "a1", "client_status": "complete"},
+        {"type": "alloc-removed", "alloc": "a1"},
+    ]
+    invoke(store(url, "submit", "-", "--quiet"), input=lines(*source))
+
+    assert invoke(store(url, "query", "allocs", "--job", "web", "--format", "json")).stdout == "[]\n"
+
+
+# Two nodes registered out of name order, each running one allocation that
+# goes unknown out of name order, and two nodes suspected out of name order.
+ORDERED = [
+    {"type": "node-registered", "node": "n2", "slots": 1},
+    {"type": "node-registered", "node": "n1", "slots": 1},
+    {"type": "node-registered", "node": "n4"},
+    {"type": "node-registered", "node": "n3"},
+    *({"type": "heartbeat", "node": n} for n in ("n1", "n2", "n3", "n4")),
+    {"type": "alloc-placed", "alloc": "b", "node": "n1", "slot": 0,
+     "addresses": ["10.0.0.1", "10.0.0.2"], "max_disconnect": 300},
+    {"type": "alloc-placed", "alloc": "a", "node": "n2", "slot": 0,
+     "addresses": ["10.0.0.9"], "max_disconnect": 300},
+    {"type": "alloc-updated", "alloc": "b", "client_status": "running"},
+    {"type": "alloc-updated", "alloc": "a", "client_status": "running"},
+    {"type": "heartbeat-missed", "node": "n1"},
+    {"type": "heartbeat-missed", "node": "n2"},
+    {"type": "node-suspected", "node": "n4", "reason": "disk"},
+    {"type": "node-suspected", "node": "n3", "reason": "disk"},
+]
+
+
+@pytest.fixture
+def ordered(url: str) -> str:
+    invoke(store(url, "submit", "-", "--quiet"), input=lines(*ORDERED))
+    return url
+
+
+def test_each_query_lists_its_rows_in_the_order_the_readme_gives(ordered):
+    def column(name: str, *query: str) -> list[Any]:
+        found = json.loads(invoke(store(ordered, "query", *query, "--format", "json")).stdout)
+        return [row[name] for row in found]
+
+    assert column("alloc", "needs-reconnect") == ["b", "a"]  # by when each became unknown
+    assert column("node", "suspects") == ["n4", "n3"]  # by since_position
+    assert column("address", "addresses") == ["10.0.0.1", "10.0.0.2", "10.0.0.9"]
+    assert column("alloc", "allocs") == ["a", "b"]
+    assert column("node", "nodes") == ["n1", "n2", "n3", "n4"]
+    assert column("node", "slots") == ["n1", "n2"]
+
+
+def test_a_table_joins_a_list_with_commas_and_ends_no_line_with_a_space(ordered):
+    printed = invoke(store(ordered, "query", "alloc", "b", "--format", "table")).stdout
+
+    assert "\naddresses               10.0.0.1,10.0.0.2\n" in printed
+    assert "\n\nalloc_states:\nvalue    position  at\nunknown  13  " in printed
+    assert "\n\nhistory:\nposition  type " in printed
+    assert [line for line in printed.splitlines() if line.endswith(" ")] == []
+
+
 def test_an_empty_answer(small):
     assert invoke(store(small, "query", "zombie-slots", "--format", "table")).stdout == "(none)\n"
     assert invoke(store(small, "query", "zombie-slots", "--format", "json")).stdout == "[]\n"
