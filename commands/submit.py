@@ -83,7 +83,7 @@ def submit(ctx: click.Context, source: str, quiet: bool, batch: int) -> None:
         if ctx.args:
             raise click.UsageError(_extra(source, ctx.args))
         stream = _open(source)
-        if source == "-" and stream.isatty() and not quiet:
+        if source == "-" and stream.isatty():
             with suppress(OSError):
                 click.echo("reading events from the terminal, one JSON object per line; "
                            "Ctrl-D ends", err=True)
