@@ -485,6 +485,26 @@ def test_a_stream_started_with_sighup_ignored_goes_on_when_it_comes(url):
     assert (writer.returncode, out, errors) == (0, result_line(2, "appended", 2), "")
 
 
+def on_a_terminal(*args: str) -> tuple[int, int]:
+    """``python -m commands ARGS`` on a new pseudo-terminal: (its pid, the terminal)."""
+    with as_at_a_terminal():
+        pid, terminal = pty.fork()
+        if pid == 0:  # the command, on the terminal's other side (within the block: it
+            # never leaves it, which would put back what the test run ignores)
+            os.execv(sys.executable, [sys.executable, "-m", "commands", *args])
+    return pid, terminal
+
+
+def read_until(terminal: int, shown: bytes, seen: bytes = b"") -> bytes:
+    """What the terminal showed, after ``seen``, once it shows ``shown`` (60 s at most)."""
+    deadline = time.monotonic() + 60
+    while shown not in seen and time.monotonic() < deadline:
+        if select.select([terminal], [], [], 0.5)[0]:
+            seen += os.read(terminal, 4096)
+    assert shown in seen, seen
+    return seen
+
+
 @pytest.mark.parametrize(("command", "shown", "code"), [
     (["submit", "-"], b'"status": "appended"', 129),  # hung up, saying so where it can
     (["project", "--follow"], b'"following": true', 0),  # a follower stops as on SIGTERM
@@ -493,17 +513,9 @@ def test_a_terminal_that_hangs_up_ends_a_command_as_sighup_says(url, command, sh
     """The terminal itself goes away (an ssh session closed): SIGHUP, and
     every write to it fails from then on, the last lines included."""
     invoke(store(url, "submit", "node-registered", "--node", "n0"))
-    with as_at_a_terminal():
-        pid, terminal = pty.fork()
-        if pid == 0:  # the command, on the terminal's other side (within the block: it
-            # never leaves it, which would put back what the test run ignores)
-            os.execv(sys.executable, [sys.executable, "-m", "commands", "--store", url, *command])
+    pid, terminal = on_a_terminal("--store", url, *command)
     os.write(terminal, b'{"type": "node-registered", "node": "n1"}\n')
-    seen, deadline = b"", time.monotonic() + 60
-    while shown not in seen and time.monotonic() < deadline:
-        if select.select([terminal], [], [], 0.5)[0]:
-            seen += os.read(terminal, 4096)
-    assert shown in seen, seen
+    read_until(terminal, shown)
 
     os.close(terminal)  # the hang-up
 
@@ -526,24 +538,11 @@ def test_flags_after_a_file_that_is_there_are_extra_arguments(url, tmp_path):
 
 def test_a_stream_typed_at_a_terminal_says_how_to_end_it(url):
     """``submit -`` on a terminal would otherwise wait without a word."""
-    with as_at_a_terminal():
-        pid, terminal = pty.fork()
-        if pid == 0:
-            os.execv(sys.executable, [sys.executable, "-m", "commands", "--store", url,
-                                      "submit", "-"])
-    seen = b""
-
-    def until(shown: bytes) -> None:
-        nonlocal seen
-        deadline = time.monotonic() + 60
-        while shown not in seen and time.monotonic() < deadline:
-            if select.select([terminal], [], [], 0.5)[0]:
-                seen += os.read(terminal, 4096)
-        assert shown in seen, seen
-
-    until(b"reading events from the terminal, one JSON object per line; Ctrl-D ends")
+    pid, terminal = on_a_terminal("--store", url, "submit", "-")
+    seen = read_until(terminal, b"reading events from the terminal, one JSON object per line; "
+                                b"Ctrl-D ends")
     os.write(terminal, b'{"type": "node-registered", "node": "n1"}\n')
-    until(b'"status": "appended"')
+    read_until(terminal, b'"status": "appended"', seen)
     os.write(terminal, b"\x04")  # Ctrl-D: the end of the stream
 
     _, status = os.waitpid(pid, 0)
@@ -556,15 +555,20 @@ def test_a_piped_stream_says_nothing_on_stderr(url):
     assert (result.stdout, result.stderr) == (result_line(1, "appended", 1), "")
 
 
-@pytest.mark.parametrize("failure", [RuntimeError("boom"), OSError(5, "Input/output error")],
-                         ids=["a bug", "an OSError not about stdout"])
-def test_a_failure_no_rule_names_is_one_line_not_a_traceback(url, monkeypatch, failure):
+def failing_submit(monkeypatch: pytest.MonkeyPatch, failure: Exception) -> None:
+    """``submit TYPE`` fails with ``failure``, as a bug would: no rule names it."""
     from commands import submit as submitting
 
-    def broken(ctx, event_type):
+    def broken(ctx: click.Context, event_type: str) -> Receipt:
         raise failure
 
     monkeypatch.setattr(submitting, "_one_from_flags", broken)
+
+
+@pytest.mark.parametrize("failure", [RuntimeError("boom"), OSError(5, "Input/output error")],
+                         ids=["a bug", "an OSError not about stdout"])
+def test_a_failure_no_rule_names_is_one_line_not_a_traceback(url, monkeypatch, failure):
+    failing_submit(monkeypatch, failure)
     monkeypatch.delenv("ALLOC_LEDGER_DEBUG", raising=False)
     result = invoke(store(url, "submit", "heartbeat", "--node", "n1"), code=1)
 
@@ -574,12 +578,7 @@ def test_a_failure_no_rule_names_is_one_line_not_a_traceback(url, monkeypatch, f
 
 
 def test_alloc_ledger_debug_lets_the_traceback_through(url, monkeypatch):
-    from commands import submit as submitting
-
-    def broken(ctx, event_type):
-        raise RuntimeError("boom")
-
-    monkeypatch.setattr(submitting, "_one_from_flags", broken)
+    failing_submit(monkeypatch, RuntimeError("boom"))
     monkeypatch.setenv("ALLOC_LEDGER_DEBUG", "1")
     result = CliRunner().invoke(cli, store(url, "submit", "heartbeat", "--node", "n1"))
 
@@ -1929,12 +1928,19 @@ def test_the_store_variable_names_the_store_and_the_default_is_in_the_working_di
         assert [row["node"] for row in json.loads(found.stdout)] == [node]
 
 
-def test_a_stream_shows_its_progress_on_a_terminal(monkeypatch, capsys):
-    """SPEC section 4: a progress bar on a terminal (on stderr, cleared at the end)."""
+@pytest.fixture
+def ticking(monkeypatch: pytest.MonkeyPatch) -> Any:
+    """The submit command, its clock a second on at every look: progress at every batch."""
     from commands import submit as submitting
 
     clock = iter(range(100))
     monkeypatch.setattr(submitting.time, "monotonic", lambda: float(next(clock)))
+    return submitting
+
+
+def test_a_stream_shows_its_progress_on_a_terminal(ticking, capsys):
+    """SPEC section 4: a progress bar on a terminal (on stderr, cleared at the end)."""
+    submitting = ticking
     batches = [[(1, Receipt("appended", 1)), (2, Receipt("rejected", 2, "no"))],
                [(3, Receipt("invalid", None, "bad"))]]
 
@@ -1947,11 +1953,7 @@ def test_a_stream_shows_its_progress_on_a_terminal(monkeypatch, capsys):
     assert (counts["appended"], counts["rejected"], counts["invalid"]) == (1, 1, 1)
 
 
-def test_the_progress_of_one_event_says_event(monkeypatch, capsys):
-    from commands import submit as submitting
-
-    clock = iter(range(100))
-    monkeypatch.setattr(submitting.time, "monotonic", lambda: float(next(clock)))
-    submitting._print(iter([[(1, Receipt("appended", 1))]]), quiet=True, progress=True)
+def test_the_progress_of_one_event_says_event(ticking, capsys):
+    ticking._print(iter([[(1, Receipt("appended", 1))]]), quiet=True, progress=True)
 
     assert "\r1 event, 0 rejected, 0 invalid" in capsys.readouterr().err
