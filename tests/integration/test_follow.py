@@ -23,6 +23,7 @@ from signal_support import as_at_a_terminal
 
 from ledger.application import Ledger
 from ledger.store import open_store
+from projections.projector import Projector
 from scripts.simulate import generate
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -119,6 +120,9 @@ def test_kill_9_mid_catch_up_then_resume_applies_every_event_exactly_once(
     stopped_at = read.tracked()
     assert 0 < stopped_at < head, "the follower finished before it was killed"
     assert stopped_at % 50 == 0
+    # nothing is appended meanwhile: each line's lag is what the log holds beyond it
+    assert follower.lines[0] == {"following": True, "lag": head}
+    assert [line["lag"] for line in follower.lines[1:]] == [head - to for _, to in follower.batches]
     assert read.snapshot() == replayed(pg_url, upto=stopped_at)
 
     resumed = alloc_ledger("project", url=pg_url)
@@ -165,6 +169,24 @@ def test_a_query_says_how_far_behind_the_tables_are_and_wait_catches_up(
     assert (as_json.stderr, json.loads(as_json.stdout)) == (lag, [])
     assert caught_up.stderr == ""
     assert [line.split()[0] for line in caught_up.stdout.splitlines()] == ["node", "n1", "n2", "n3"]
+
+
+def test_a_query_reads_one_snapshot_so_its_lag_matches_its_rows(pg_url, alloc_ledger, project):
+    """A follower that commits while a query reads changes neither the
+    position the query reports nor the rows it answers with."""
+    for node in ("n1", "n2", "n3"):
+        assert alloc_ledger("submit", "node-registered", "--node", node, url=pg_url).returncode == 0
+    store = open_store(pg_url)
+    try:
+        with store.reading() as cursor:
+            head, tracked = store.head(cursor), store.tracked(cursor)
+            project(pg_url)  # a follower commits meanwhile
+            cursor.execute("SELECT count(*) FROM nodes")
+            nodes = cursor.fetchone()[0]
+    finally:
+        store.close()
+
+    assert (head, tracked, nodes) == (3, 0, 0)
 
 
 def test_sqlite_queries_are_always_current(tmp_path, alloc_ledger):
@@ -292,6 +314,42 @@ def test_query_wait_behind_a_stuck_follower_gives_up_after_the_timeout(
         "nothing of this transaction was written\n")
     assert waited < 30
     assert alloc_ledger("query", "nodes", "--wait", url=pg_url).returncode == 0  # once it is gone
+
+
+def test_query_wait_beside_a_follower_mid_catch_up_applies_nothing_twice(
+    pg_url, pg_admin, tmp_path, tables, replayed, alloc_ledger
+):
+    """--wait catches the tables up in a transaction that takes the tracking
+    row first: it waits for a follower's catch-up in flight, then goes on from
+    where that left them."""
+    submitted(alloc_ledger, pg_url, history_file(tmp_path, 1500, 4))
+    read = tables(pg_url)
+    head = read.head()
+    follower = open_store(pg_url)
+    try:
+        with follower.projecting() as cursor:
+            assert Projector(follower).catch_up(cursor, limit=1000) == 1000
+            query = subprocess.Popen(
+                [sys.executable, "-m", "commands", "--store", pg_url, "query", "nodes",
+                 "--wait", "--format", "json"],
+                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT,
+                env={**os.environ, "PYTHONPATH": str(ROOT)},
+            )
+            blocks = ("SELECT pid FROM pg_stat_activity WHERE "
+                      f"{cursor.connection.info.backend_pid} = ANY(pg_blocking_pids(pid))")
+            deadline = time.monotonic() + 30
+            while not pg_admin(blocks):  # the query waits for this transaction
+                assert query.poll() is None, query.communicate()
+                assert time.monotonic() < deadline, "the query did not wait"
+                time.sleep(0.05)
+    finally:
+        follower.close()
+    out, err = query.communicate(timeout=60)
+
+    assert (query.returncode, err) == (0, "")
+    assert len(json.loads(out)) == read.value("SELECT count(*) FROM nodes")
+    assert read.tracked() == head
+    assert read.snapshot() == replayed(pg_url)
 
 
 def test_a_follower_wakes_on_its_own_schemas_appends_not_on_anothers(pg_url):

@@ -18,6 +18,7 @@ from projections.rows import Statements, TableSource
 from scripts.simulate import generate
 
 WRITTEN = ("nodes", "slots", "allocations", "alloc_states", "addresses", "rejections")
+DECIDED = ("nodes", "slots", "allocations", "addresses")  # the tables writers decide against
 
 
 def simulated_changes(count: int, every: int) -> list[Changes]:
@@ -111,3 +112,67 @@ def test_a_writer_that_forgot_its_cache_loads_a_batch_in_one_round_trip(pg_url, 
         ])
     assert [r.status for r in receipts] == ["appended"] * 7, receipts
     assert loads == []
+
+
+def test_a_cold_writer_loads_what_a_batch_names_only_by_the_way_in_one_round_trip(
+    pg_url, monkeypatch
+):
+    """The node of an allocation a batch names, a node named only as a
+    parent, and an address a placement names come in the one round trip,
+    not loaded one by one later."""
+    loads = counting_loads(monkeypatch)
+    with Ledger.open(pg_url) as ledger:
+        setup = ledger.submit_batch([
+            {"type": "node-registered", "node": "host", "slots": 1},
+            {"type": "node-registered", "node": "spare", "slots": 1},
+            {"type": "heartbeat", "node": "host"},
+            {"type": "heartbeat", "node": "spare"},
+            {"type": "alloc-placed", "alloc": "a1", "node": "host", "slot": 0},
+        ])
+        assert [r.status for r in setup] == ["appended"] * 5, setup
+        for batch in (
+            [{"type": "alloc-updated", "alloc": "a1", "client_status": "running"}],
+            [{"type": "node-registered", "node": "child", "parent": "spare"}],
+            [{"type": "alloc-placed", "alloc": "a2", "node": "spare", "slot": 0,
+              "addresses": ["10.9.9.9"]}],
+        ):
+            ledger.cluster.forget()  # as when another writer has moved the head
+            loads.clear()
+            receipts = ledger.submit_batch(batch)
+            assert [r.status for r in receipts] == ["appended"], (batch, receipts)
+            assert loads == [], batch
+
+
+def test_a_cold_writer_decides_a_cascade_as_a_warm_one_would(pg_url, tables, replayed):
+    """A writer whose caches are empty decides from what the preload brings:
+    the down node's children (not named in the batch), its live allocations,
+    and the addresses an allocation holds (named only in its row), so what it
+    decides and writes is what a replay of the log holds."""
+    with Ledger.open(pg_url) as ledger:
+        setup = ledger.submit_batch([
+            {"type": "node-registered", "node": "host", "slots": 2},
+            {"type": "node-registered", "node": "wc", "slots": 1, "parent": "host"},
+            {"type": "heartbeat", "node": "host"},
+            {"type": "heartbeat", "node": "wc"},
+            {"type": "alloc-placed", "alloc": "a1", "node": "host", "slot": 0,
+             "addresses": ["10.0.0.1", "10.0.0.2"]},
+            {"type": "alloc-placed", "alloc": "a2", "node": "host", "slot": 1},
+            {"type": "alloc-updated", "alloc": "a2", "client_status": "running"},
+            {"type": "alloc-placed", "alloc": "w1", "node": "wc", "slot": 0},
+            {"type": "alloc-updated", "alloc": "w1", "client_status": "running"},
+        ])
+        assert [r.status for r in setup] == ["appended"] * 9, setup
+    with Ledger.open(pg_url) as cold:
+        receipts = cold.submit_batch([
+            {"type": "alloc-updated", "alloc": "a1", "client_status": "complete"},
+            {"type": "node-down", "node": "host", "reason": "gone"},
+        ])
+    assert [r.status for r in receipts] == ["appended"] * 2, receipts
+
+    decided = tables(pg_url).snapshot("state_", DECIDED)
+    assert decided == replayed(pg_url, only=DECIDED)
+    by_alloc = {row[0]: row for row in decided["allocations"]}
+    assert {a: by_alloc[a][5] for a in ("a1", "a2", "w1")} == {
+        "a1": "complete", "a2": "lost", "w1": "lost"}
+    assert decided["addresses"] == []
+    assert {row[0]: row[1] for row in decided["nodes"]} == {"host": "down", "wc": "down"}

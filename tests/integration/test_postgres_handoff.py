@@ -24,7 +24,7 @@ import pytest
 from ledger.application import Ledger
 from ledger.chain import verify
 from ledger.errors import StoreUnavailable
-from ledger.postgres_handoff import HAND, LEADER_LOCK
+from ledger.postgres_handoff import HAND, LEADER_LOCK, Handoff
 from ledger.store import open_store
 
 COMBINE = "&writers=combine"
@@ -71,6 +71,52 @@ def test_one_leader_decides_the_batches_of_several_writers(pg_url, tables):
     assert tables(pg_url).value("SELECT count(*) FROM outcomes") == 0
 
 
+def test_batches_handed_over_while_no_one_leads_are_decided_in_one_round_in_order(
+    pg_url, pg_schema, tables
+):
+    """Three writers hand their batches over while the lead is held elsewhere;
+    the next leader decides them in one round, in the order they were handed
+    over, tells each writer its own receipts, and projects the round because
+    one of its writers keeps the projections inline."""
+    pg_url += COMBINE
+    _register(pg_url, "n1")
+    read = tables(pg_url)
+    writers = [Ledger.open(pg_url), Ledger.open(pg_url + "&projections=inline"),
+               Ledger.open(pg_url)]
+    results: dict[int, list[tuple[str, int | None]]] = {}
+
+    def write(number: int) -> None:
+        batch = [{"type": "heartbeat", "node": "n1", "id": f"w{number}-{i}"}
+                 for i in range(number + 1)]
+        results[number] = [(r.status, r.position) for r in writers[number].submit_batch(batch)]
+
+    blocker = open_store(pg_url).connect()  # type: ignore[attr-defined]
+    blocker.execute("SELECT pg_advisory_lock(%s, %s)", _leader_key(blocker, pg_schema))
+    threads = []
+    try:
+        for number in range(3):
+            threads.append(threading.Thread(target=write, args=(number,)))
+            threads[-1].start()
+            deadline = time.monotonic() + 10
+            while read.value("SELECT count(*) FROM handoff") < number + 1:
+                assert time.monotonic() < deadline, "the batch was not handed over"
+                time.sleep(0.02)
+    finally:
+        blocker.close()  # the lead is free: one standby takes all three batches
+        for thread in threads:
+            thread.join(timeout=30)
+        for writer in writers:
+            writer.close()
+
+    kept = {row["id"]: row["position"] for row in read.rows("SELECT id, position FROM event_ids")}
+    assert results == {
+        number: [("appended", kept[f"w{number}-{i}"]) for i in range(number + 1)]
+        for number in range(3)
+    }
+    assert sorted(kept, key=kept.get) == ["w0-0", "w1-0", "w1-1", "w2-0", "w2-1", "w2-2"]
+    assert read.head() == read.tracked() == 7  # the round that held the inline batch projected
+
+
 def test_receipts_too_many_for_a_notification_come_through_the_outcomes_table(pg_url, tables):
     pg_url += COMBINE
     _register(pg_url, "n1")
@@ -94,6 +140,27 @@ def test_a_batch_whose_writer_has_gone_is_dropped_not_decided(pg_url, pg_schema,
     store.close()
 
     _register(pg_url, "n2")  # the next leader's round
+
+    assert tables(pg_url).value("SELECT count(*) FROM event_ids WHERE id = 'ghost'") == 0
+    assert tables(pg_url).value("SELECT count(*) FROM handoff") == 0
+    assert tables(pg_url).head() == 2
+
+
+def test_a_batch_whose_writer_s_pid_now_names_a_later_session_is_dropped(
+    pg_url, pg_schema, tables
+):
+    """The writer died and its process id went to a session that started
+    later (here: the batch names a live session's pid with another start):
+    its batch is dropped, not decided on behalf of that other session."""
+    pg_url += COMBINE
+    _register(pg_url, "n1")
+    with psycopg.connect(os.environ["ALLOC_LEDGER_TEST_PG"], autocommit=True) as later:
+        later.execute(
+            f"INSERT INTO {pg_schema}.handoff (batch, events, inline, pid, started) "
+            "VALUES ('reused', %s, false, pg_backend_pid(), '2000-01-01T00:00:00Z')",
+            (b'[{"type": "heartbeat", "node": "n1", "id": "ghost"}]',))
+
+        _register(pg_url, "n2")  # the next leader's round, while that pid is alive
 
     assert tables(pg_url).value("SELECT count(*) FROM event_ids WHERE id = 'ghost'") == 0
     assert tables(pg_url).value("SELECT count(*) FROM handoff") == 0
@@ -221,6 +288,46 @@ def test_a_round_decided_ahead_and_again_is_not_projected_by_an_inline_leader(pg
 
     assert receipts[0].status == "rejected" and receipts[0].position == 4
     assert tables(pg_url).head() == 4
+
+
+def test_an_inline_batch_taken_while_the_round_before_commits_is_projected(
+    pg_url, pg_schema, monkeypatch
+):
+    """Rounds overlap: the next is taken while the last commits. One that
+    holds an inline writer's batch is not decided ahead but after that commit,
+    with the tracking row: the writer's tables are current once it is told."""
+    pg_url += COMBINE
+    _register(pg_url, "n1")
+    leader = Ledger.open(pg_url)
+    take_round = Handoff._round
+    held = threading.Event()
+
+    def overlapping(self: Handoff, connection: Any, committing: Any) -> Any:
+        """The first round with batches returns (to commit) only once the
+        inline batch is waiting: the next round is taken while it commits."""
+        written = take_round(self, connection, committing)
+        if written is not None and not held.is_set():
+            held.set()
+            with psycopg.connect(os.environ["ALLOC_LEDGER_TEST_PG"], autocommit=True) as look:
+                deadline = time.monotonic() + 10
+                while not look.execute(f"SELECT count(*) FROM {pg_schema}.handoff").fetchone()[0]:
+                    assert time.monotonic() < deadline
+                    time.sleep(0.02)
+        return written
+
+    try:
+        assert leader.submit({"type": "heartbeat", "node": "n1"}).position == 2  # it leads
+        monkeypatch.setattr(Handoff, "_round", overlapping)
+        first = threading.Thread(
+            target=leader.submit, args=({"type": "heartbeat", "node": "n1"},))
+        first.start()
+        assert held.wait(10)
+        with Ledger.open(pg_url + "&projections=inline") as writer:
+            receipt = writer.submit({"type": "heartbeat", "node": "n1"})
+            assert (receipt.status, receipt.position, writer.lag()) == ("appended", 4, 0)
+        first.join(timeout=30)
+    finally:
+        leader.close()
 
 
 def test_a_round_whose_commit_fails_goes_back_and_another_leader_decides_it(pg_url, tables):
@@ -411,7 +518,7 @@ def test_writers_carry_on_while_the_leader_is_stopped_in_the_middle_of_a_round(
     for the lease (a third of ``timeout``): the other writers carry on while
     it is still stopped, and its own batch, back in ``handoff``, is decided
     by the next leader and answered when it resumes."""
-    timeout = 3
+    timeout = 6  # a lease of 2 s: long enough to see the stopped round on a busy machine
     pg_url += COMBINE + f"&timeout={timeout}"
     _register(pg_url, "n1")
     leader = _run("-c", LEADER_STOPS_MID_ROUND, f"{pg_url}&application_name=stopped")
@@ -437,7 +544,7 @@ def test_writers_carry_on_while_the_leader_is_stopped_in_the_middle_of_a_round(
         assert _log_lock_held_by(pg_admin, pg_schema, "stopped") == []
         for writer, (out, err) in zip(writers, ends, strict=True):
             assert (writer.returncode, out.count(b'"appended"')) == (0, 1), err
-        assert took < timeout  # the server ended the stopped round after the lease (1 s)
+        assert took < timeout  # the server ended the stopped round after the lease (2 s)
     finally:
         os.kill(leader.pid, signal.SIGCONT)
         for process in writers:

@@ -25,6 +25,7 @@ from ledger.application import Ledger
 from ledger.errors import StoreUnavailable
 from ledger.postgres_store import SCHEMA_VERSION
 from ledger.store import open_store
+from projections.projector import Projector
 from scripts.simulate import generate
 
 QUESTIONS = [
@@ -250,6 +251,9 @@ def test_writers_decide_against_their_own_tables_and_projections_follow(
     assert read.value("SELECT client_status FROM state_allocations WHERE alloc = 'a1'") == "unknown"
     assert read.rows("SELECT * FROM allocations") == []
     assert read.tracked() == 0
+    # decisions read neither log: the writers keep them out of their tables
+    assert read.rows("SELECT * FROM state_alloc_states") == []
+    assert read.rows("SELECT * FROM state_rejections") == []
 
     project(pg_url)
 
@@ -267,6 +271,38 @@ def test_inline_projections_keep_the_tables_current_in_the_writers_transaction(
     assert read.tracked() == 8
     assert read.snapshot() == replayed(inline)
     assert read.rows("SELECT value, position FROM alloc_states") == [{"value": "unknown", "position": 8}]
+
+
+def test_an_inline_writer_waits_for_a_follower_mid_catch_up_and_applies_nothing_twice(
+    pg_url, tables, replayed
+):
+    """A writer that projects inline takes the tracking row with the log's
+    lock: while a follower's catch-up is in flight it waits, then goes on
+    from where the follower left the tables, applying nothing twice."""
+    story(pg_url)  # kept, not projected: a rejection and an alloc state among them
+    inline = option(pg_url, "projections=inline&writers=lock")
+    receipts = []
+
+    def write() -> None:
+        with Ledger.open(inline) as ledger:
+            receipts.append(ledger.submit({"type": "node-registered", "node": "n9"}))
+
+    follower = open_store(pg_url)
+    try:
+        with follower.projecting() as cursor:
+            assert Projector(follower).catch_up(cursor) == 8
+            writer = threading.Thread(target=write)
+            writer.start()
+            writer.join(timeout=1)
+            assert writer.is_alive()  # waiting for the follower's transaction
+    finally:
+        follower.close()
+    writer.join(timeout=30)
+
+    assert [r.status for r in receipts] == ["appended"]
+    read = tables(pg_url)
+    assert read.tracked() == read.head() == 9
+    assert read.snapshot() == replayed(pg_url)
 
 
 # -- errors ---------------------------------------------------------------------
