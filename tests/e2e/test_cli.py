@@ -875,9 +875,11 @@ READING = [
     ("CREATE TABLE nodes (id INTEGER PRIMARY KEY, hostname TEXT); PRAGMA user_version = 3",
      "nodes"),
     ("CREATE TABLE invoices (x); PRAGMA user_version = 99", "invoices"),
+    (("CREATE TABLE invoices (x); CREATE TABLE orders (x); CREATE TABLE payments (x); "
+      "CREATE TABLE refunds (x)"), "invoices, orders, payments, …"),
 ], ids=["other tables", "an event store with events", "an empty event store of its own",
         "a tracking table of its own", "a version of its own", "a version and nodes of its own",
-        "a version beyond this release's"])
+        "a version beyond this release's", "more tables than it names"])
 @pytest.mark.parametrize(("args", "advice"), [
     (["submit", "node-registered", "--node", "n1"], "name a new file for the ledger"),
     *[(args, "check --store") for args in READING],  # not "nothing has been submitted to it"

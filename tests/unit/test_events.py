@@ -491,3 +491,76 @@ def test_the_schema_takes_1_0_for_an_integer_where_submit_refuses_it() -> None:
     assert jsonschema.Draft202012Validator(json_schema()).is_valid(event)
     assert outcome(event) == ("invalid", "field 'slots': Input should be a valid integer")
     assert "refuses 1.0" in json_schema()["description"]
+
+
+# -- the limits of the vocabulary, at each edge ---------------------------------------
+
+@pytest.mark.parametrize(("event", "error"), [
+    ({"type": "heartbeat", "node": "n1", "id": "i" * 128}, None),
+    ({"type": "heartbeat", "node": "n1", "id": "i" * 129},
+     "field 'id': String should have at most 128 characters"),
+    ({"type": "heartbeat", "node": "n1", "id": ""},
+     "field 'id': String should have at least 1 character"),
+    ({"type": "alloc-updated", "alloc": "a" * 128, "client_status": "running"}, None),
+    ({"type": "alloc-updated", "alloc": "a" * 129, "client_status": "running"},
+     "field 'alloc': String should have at most 128 characters"),
+    ({"type": "alloc-updated", "alloc": "", "client_status": "running"},
+     "field 'alloc': String should have at least 1 character"),
+    (PLACED | {"addresses": ["x" * 256]}, None),
+    (PLACED | {"addresses": ["x" * 257]},
+     "field 'addresses.0': String should have at most 256 characters"),
+    ({"type": "heartbeat", "node": "n1", "source": "s" * 1024}, None),
+    ({"type": "heartbeat", "node": "n1", "source": "s" * 1025},
+     "field 'source': String should have at most 1024 characters"),
+    ({"type": "node-suspected", "node": "n1", "reason": ""},
+     "field 'reason': String should have at least 1 character"),
+    ({"type": "node-registered", "node": "n1", "slots": 0}, None),
+    ({"type": "node-registered", "node": "n1", "slots": -1},
+     "field 'slots': Input should be greater than or equal to 0"),
+    (PLACED | {"slot": 2**31 - 1}, None),  # out of the node's range: a rule rejects it
+    (PLACED | {"slot": -(2**31)}, None),
+    (PLACED | {"max_disconnect": 0}, None),
+    (PLACED | {"max_disconnect": 2**31 - 1}, None),
+    (PLACED | {"max_disconnect": -1},
+     "field 'max_disconnect': Input should be greater than or equal to 0"),
+    (PLACED | {"max_disconnect": 2**31},
+     "field 'max_disconnect': Input should be less than or equal to 2147483647"),
+    ({"type": "heartbeat", "node": "n#1"},  # a node named, not registered: '#' all the same
+     "field 'node': must not contain '#' (it separates node and slot)"),
+])
+def test_each_limit_takes_its_edge_and_refuses_past_it(event: dict, error: str | None) -> None:
+    found = outcome(event)
+    if error is None:
+        assert found[0] == "valid", found
+    else:
+        assert found == ("invalid", error)
+    assert schema_validator().is_valid(event) == (error is None)
+
+
+def test_an_optional_field_given_as_null_is_left_out_or_takes_its_default() -> None:
+    assert received({"type": "node-registered", "node": "n1", "slots": None, "parent": None}) == {
+        "type": "node-registered", "node": "n1", "slots": 0}
+    assert received('{"type": "alloc-updated", "alloc": "a1", "client_status": "failed", '
+                    '"blame": null, "id": null, "at": null, "source": null}') == {
+        "type": "alloc-updated", "alloc": "a1", "client_status": "failed", "blame": "node"}
+    assert received(PLACED | {"job": None, "slot": None, "addresses": None,
+                              "max_disconnect": None}) == PLACED
+
+
+@pytest.mark.parametrize("line", ["[1]", "null", '"heartbeat"', "42", "[]"])
+def test_json_that_is_no_object_is_not_an_event(line: str) -> None:
+    assert outcome(line) == ("invalid", "an event must be a JSON object")
+
+
+def test_every_wrong_field_is_named_up_to_three() -> None:
+    event = PLACED | {"slot": "0", "max_disconnect": "60", "job": 3, "addresses": "10.0.0.5"}
+    assert outcome(event) == ("invalid", (  # the fourth, max_disconnect, goes unsaid
+        "field 'job': Input should be a valid string; "
+        "field 'slot': Input should be a valid integer; "
+        "field 'addresses': Input should be a valid array"))
+
+
+def test_a_long_wrong_value_is_shown_cut_short() -> None:
+    event = {"type": "health-checked", "node": "n1", "passed": "x" * 60}
+    assert outcome(event) == (
+        "invalid", f"field 'passed': must be true or false (JSON), not \"{'x' * 36}...")

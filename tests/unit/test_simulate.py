@@ -13,6 +13,7 @@ import subprocess
 import sys
 from collections import Counter
 from dataclasses import dataclass
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +22,7 @@ import pytest
 from ledger.application import Ledger
 from ledger.domain import Cluster
 from ledger.errors import RuleViolation
-from ledger.events import received
+from ledger.events import EVENT_TYPES, received
 from ledger.model import Fact, Receipt
 from projections.audit import audit
 from scripts import simulate
@@ -219,6 +220,26 @@ def test_a_node_missing_again_keeps_its_unknown_allocations_unknown() -> None:
     assert node.status == simulate.INIT
 
 
+def test_a_working_copy_stays_down_while_its_host_is_down() -> None:
+    """As the ledger: a heartbeat does not bring back a node whose parent is
+    down; once the host is back, the copy's next heartbeat does."""
+    sim = simulate._Simulation(0, 1, 0, 0, simulate.DEFAULT_START, False, None)
+    host = sim.new_node(None)
+    copy = sim.new_node(host)
+    cluster = Cluster()
+    events = [sim.registered(host), sim.registered(copy), sim.heartbeat(host), sim.heartbeat(copy)]
+    sim.cascade(host, simulate.DOWN)
+    events += [("node-down", {"node": host.name}), sim.heartbeat(copy)]
+    for position, (kind, body) in enumerate(events, 1):
+        cluster.apply(received({"type": kind, **body}), Fact(position, simulate.DEFAULT_START))
+        cluster.take_changes()
+    kept = (cluster.node(copy.name).status, cluster.node(host.name).status)
+    assert kept == ("down", "down") == (copy.status, host.status)
+    sim.heartbeat(host)
+    sim.heartbeat(copy)
+    assert (copy.status, host.status) == ("ready", "ready")
+
+
 def lines_of(events: list[dict[str, Any]]) -> list[str]:
     return [json.dumps(event, separators=(",", ":")) for event in events]
 
@@ -256,3 +277,74 @@ def test_same_parameters_same_bytes_whatever_the_hash_seed() -> None:
     assert digest("4242") == first
     expected = "".join(line + "\n" for line in generate_lines(30_000, nodes=50, slots=4, seed=11))
     assert hashlib.sha256(expected.encode()).hexdigest() == first
+
+
+def test_the_model_is_the_ledger_event_by_event() -> None:
+    """The simulator emits events from its model of the cluster: after each
+    event, every node's status and health and every live allocation's
+    statuses are the ledger's (a model astray would pass its mistakes off as
+    races, rejected with a race's message)."""
+    sim = simulate._Simulation(20_000, 30, 3, 8, simulate.DEFAULT_START, True, "sim")
+    cluster = Cluster()
+    for position, event in enumerate(sim, 1):
+        try:
+            cluster.apply(received(event), Fact(position, event["at"]))
+        except RuleViolation:
+            pass
+        cluster.take_changes()
+        for node in sim.nodes:
+            kept = cluster.node(node.name)
+            assert (kept.status, kept.health) == (node.status, node.health), (position, event)
+            for a in node.allocs.values():
+                alloc = cluster.alloc(a.id)
+                assert (alloc.client_status, alloc.desired_status) == (a.client, a.desired), (
+                    position, event, a.id)
+
+
+def test_every_event_type_is_appended(submitted: dict[str, Submitted]) -> None:
+    for name, history in submitted.items():
+        appended = {history.events[r.position - 1]["type"]
+                    for r in history.receipts if r.status == "appended"}
+        assert appended == set(EVENT_TYPES), name
+
+
+def test_the_parameters_are_honoured() -> None:
+    start, nodes, slots = "2026-03-01T12:00:00.5+02:00", 30, 3
+    events = list(generate(3_000, nodes=nodes, slots=slots, seed=4, start=start,
+                           ids=False, source=None))
+    registered = events[:nodes]
+    assert [e["type"] for e in registered] == ["node-registered"] * nodes
+    assert {e["slots"] for e in registered} == {slots}
+    names = [e["node"] for e in registered]
+    assert len(set(names)) == nodes
+    assert [(e["type"], e["node"]) for e in events[nodes:2 * nodes]] == [
+        ("heartbeat", name) for name in names]
+    assert not any("id" in e or "source" in e for e in events)
+    # simulated time starts at --start and moves on with every event, never back:
+    # each node heartbeats about every HEARTBEAT_SECONDS
+    ats = [e["at"] for e in events]
+    assert ats[0] == "2026-03-01T10:00:00.500Z"
+    assert ats == sorted(ats)
+    step = simulate.HEARTBEAT_SECONDS * simulate.HEARTBEAT_SHARE / nodes
+    span = datetime.fromisoformat(ats[-1]) - datetime.fromisoformat(ats[0])
+    assert abs(span.total_seconds() - step * (len(events) - 1)) < 0.001
+
+    named = list(generate(50, nodes=3, slots=0, seed=4, source="ops"))
+    assert [e["id"] for e in named] == [f"e{k:06d}" for k in range(1, 51)]
+    assert {e["source"] for e in named} == {"ops"}
+    assert {e.get("slots", 0) for e in named if e["type"] == "node-registered"} == {0}
+
+
+@pytest.mark.parametrize(("args", "error"), [
+    (["--nodes", "0"], "argument --nodes: must be >= 1: 0"),
+    (["--events", "-1"], "argument --events: must be >= 0: -1"),
+    (["--slots", "-1"], "argument --slots: must be >= 0: -1"),
+    (["--start", "yesterday"], "argument --start: not an RFC 3339 timestamp: 'yesterday'"),
+])
+def test_the_command_line_refuses_a_parameter_out_of_range(
+    args: list[str], error: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as exited:
+        simulate.main(args)
+    assert exited.value.code == 2
+    assert capsys.readouterr().err.splitlines()[-1] == f"simulate.py: error: {error}"
