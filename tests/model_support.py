@@ -688,10 +688,12 @@ def read_tables(store: Any) -> dict[str, dict[Any, Any]]:
             cursor.execute(f"SELECT {columns} FROM {table}")
             names = [d[0] for d in cursor.description]
             rows = {}
-            for row in cursor.fetchall():
+            fetched = cursor.fetchall()
+            for row in fetched:
                 values = dict(zip(names, row, strict=True))
                 key = tuple(values.pop(n) for n in names[:width])
                 rows[key[0] if width == 1 else key] = values
+            assert len(rows) == len(fetched), f"{table} has two rows under one key"
             found[table] = rows
     for row in found["nodes"].values():
         row["lost_allocs"] = sorted(json.loads(row["lost_allocs"]))

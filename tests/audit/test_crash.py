@@ -170,3 +170,14 @@ def test_projection_killed_mid_catch_up_resumes_cleanly(under_test: StoreUnderTe
         assert verify(store).ok
     finally:
         store.close()
+
+
+def test_a_sqlite_write_is_synced_before_it_is_acknowledged(
+    sqlite_under_test: StoreUnderTest,
+) -> None:
+    """A reported append survives a power loss, not only a killed process: in
+    WAL mode that takes ``synchronous = FULL`` (NORMAL may lose the last
+    commits)."""
+    with Ledger.open(sqlite_under_test.url) as ledger, ledger.store.writing() as cursor:
+        assert cursor.execute("PRAGMA synchronous").fetchone()[0] == 2  # FULL
+        assert cursor.execute("PRAGMA journal_mode").fetchone()[0] == "wal"

@@ -204,3 +204,20 @@ def test_on_postgresql_replay_names_a_corrupted_decision_row(
     assert [(d["table"], d["key"], d["column"]) for d in report["differences"]] == [
         ("state_allocations", alloc, "job")
     ]
+
+
+def test_a_log_longer_than_a_page_is_read_and_replayed_whole(
+    sqlite_under_test: StoreUnderTest, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The log is read a page at a time: a replay reads every page, the last
+    one full or not."""
+    from ledger import sqlite_store
+
+    monkeypatch.setattr(sqlite_store, "PAGE", 50)
+    told(sqlite_under_test, events=200, project=False)  # four full pages, none after
+    with Ledger.open(sqlite_under_test.url) as ledger:
+        positions = [e.originator_version for e in ledger.store.read_log(0)]
+        report = replaying.replay(ledger.store)
+    assert positions == list(range(1, 201))
+    assert report.ok and report.position == 200, report.differences[:3]
+

@@ -253,3 +253,52 @@ def test_ctrl_c_while_a_batch_commits_still_reports_that_batch(
         with ledger.store.reading() as cursor:
             head = ledger.store.head(cursor)
     assert (seen, head) == ([["appended"] * 3], 3)  # committed, so reported; no more
+
+
+def test_a_batch_the_writer_decides_that_fails_lets_the_stream_end_with_its_error(
+    tmp_path: Path,
+) -> None:
+    """The first batch is decided in the writer thread; its write fails while
+    the next batch waits to be decided after it: the stream ends with the
+    error (it does not wait for good), and nothing is kept."""
+    with open_ledger(tmp_path) as ledger:
+        slow_writes(ledger, fail_on=1)
+        ended: list[BaseException] = []
+
+        def consume() -> None:
+            try:
+                list(ledger.submit_batches([SETUP, [{"type": "heartbeat", "node": "n1"}]]))
+            except BaseException as error:  # noqa: BLE001 - what the stream ended with
+                ended.append(error)
+
+        thread = threading.Thread(target=consume, daemon=True)
+        thread.start()
+        thread.join(10)
+        assert not thread.is_alive(), "the stream waits for good after a failed batch"
+        assert [type(e) for e in ended] == [StoreUnavailable]
+        with ledger.store.reading() as cursor:
+            assert ledger.store.head(cursor) == 0
+
+
+def test_every_batch_after_the_first_is_decided_while_the_one_before_commits(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The point of the pipeline: with nothing to trim, each later batch is
+    decided ahead and written as it was decided."""
+    with open_ledger(tmp_path) as ledger:
+        slow_writes(ledger)
+        write_ahead = ledger.write_ahead
+        ahead: list[int] = []
+
+        def counted(cursor: Any, decided: Any) -> list[Any]:
+            receipts = write_ahead(cursor, decided)
+            ahead.append(receipts[-1].position or 0)
+            return receipts
+
+        monkeypatch.setattr(ledger, "write_ahead", counted)
+        batches = [SETUP, [{"type": "heartbeat", "node": "n1"}] * 2,
+                   [{"type": "heartbeat", "node": "n1"}]]
+        assert statuses(ledger.submit_batches(batches)) == [["appended"] * 3, ["appended"] * 2,
+                                                           ["appended"]]
+        assert ahead == [5, 6]
+        assert_tables_follow_the_log(ledger, 6)

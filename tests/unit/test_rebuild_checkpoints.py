@@ -101,6 +101,18 @@ def test_a_good_checkpoint_is_the_start_of_an_as_of_replay(tmp_path):
     assert dump(found[0]) == dump(scratch)
 
 
+def test_the_nearest_checkpoint_may_be_at_the_very_position_or_time_asked(tmp_path):
+    """At or before: a checkpoint at 40 starts an as-of 40, and one whose
+    latest ``at`` is the time asked starts that as-of time."""
+    with checkpointed(tmp_path / "l.db") as ledger:
+        at_40 = checkpoints.nearest(ledger.store, 40, None)
+        at_39 = checkpoints.nearest(ledger.store, 39, None)
+        max_at = at_40[2] if at_40 is not None else None
+        by_time = checkpoints.nearest(ledger.store, None, max_at)
+    assert at_40 is not None and at_39 is not None and by_time is not None
+    assert (at_40[1], at_39[1], by_time[1]) == (40, 30, 40)
+
+
 @pytest.mark.parametrize("position", [39, 40, 41])  # a checkpoint is kept at 40
 def test_an_as_of_replay_starts_from_no_checkpoint_beyond_its_position(tmp_path, position):
     with checkpointed(tmp_path / "l.db") as ledger:

@@ -228,6 +228,20 @@ def test_an_allocation_history_binds_elsewhere_is_a_moved_zombie(cluster, node, 
     assert cluster.slot_state("n1", 1) == (("active", "a1") if slot == 1 else ("free", None))
 
 
+def test_an_allocation_reported_by_two_nodes_is_one_zombie_row_not_a_duplicate(cluster):
+    """SPEC: ``duplicate`` is one report showing an allocation on two slots; a
+    report by another node is that node's zombie (``moved``), once."""
+    cluster.ready_node("n1", slots=1)
+    cluster.ready_node("n2", slots=1)
+    cluster.running("a1", "n1", slot=0)
+    cluster.happens("heartbeat", node="n1", slots=[{"slot": 0, "alloc": "a1"}])
+
+    position = cluster.happens("heartbeat", node="n2", slots=[{"slot": 0, "alloc": "a1"}])
+
+    assert zombies(cluster) == [
+        {"node": "n2", "slot": 0, "alloc": "a1", "reason": "moved", "position": position}]
+
+
 @pytest.mark.parametrize("end", ["complete", "lost"])
 def test_an_allocation_that_was_removed_is_a_released_zombie(cluster, end):
     """SPEC: ``released``, history says that allocation is terminal or removed;
@@ -821,6 +835,38 @@ def test_a_removed_node_keeps_only_the_reason_it_went_down(cluster, down_first, 
     assert (node["status"], node["health"], node["reason"], node["health_reason"]) == (
         "removed", "suspect", reason, "flaky disk"
     )
+
+
+def test_a_node_going_down_cascades_to_children_registered_before_the_store_was_reopened(
+    cluster,
+):
+    """The children and live allocations are read back from the tables when
+    the caches are cold (another process registered them)."""
+    family(cluster)
+    cluster.reopen()
+
+    position = cluster.happens("node-down", node="host")
+
+    assert {r["node"]: (r["status"], r["since_position"])
+            for r in cluster.rows("SELECT * FROM nodes")} == {
+        "host": ("down", position), "wc1": ("down", position), "wc2": ("down", position),
+        "other": ("ready", 8)}
+    assert cluster.alloc("lease-wc2")["client_status"] == "lost"
+
+
+def test_a_suspect_node_keeps_its_health_reason_through_a_change_after_the_store_is_reopened(
+    cluster,
+):
+    cluster.ready_node("n1", slots=1)
+    cluster.running("a1", "n1", slot=0)
+    cluster.happens("node-suspected", node="n1", reason="flaky disk")
+    cluster.reopen()
+
+    cluster.report("a1", "complete")  # frees the slot: the node's row is written again
+
+    node = cluster.node("n1")
+    assert (node["health"], node["health_reason"], node["slots_used"]) == (
+        "suspect", "flaky disk", 0)
 
 
 def test_removing_a_node_takes_its_children_and_grandchildren_down(cluster):
