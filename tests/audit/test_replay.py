@@ -220,4 +220,3 @@ def test_a_log_longer_than_a_page_is_read_and_replayed_whole(
         report = replaying.replay(ledger.store)
     assert positions == list(range(1, 201))
     assert report.ok and report.position == 200, report.differences[:3]
-
