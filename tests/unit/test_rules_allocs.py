@@ -258,13 +258,15 @@ def test_an_address_held_by_a_task_that_has_not_shut_down_is_not_given_away(clus
 def test_an_address_stays_held_through_stop_and_remove_requests(cluster):
     cluster.ready_node("n1")
     cluster.running("t1", "n1", addresses=["10.0.0.5"])
-    cluster.happens("alloc-stop-requested", alloc="t1")
+    stopping = cluster.happens("alloc-stop-requested", alloc="t1")
     cluster.happens("alloc-remove-requested", alloc="t1")
 
     reason = cluster.refused("alloc-placed", alloc="t2", node="n1", addresses=["10.0.0.5"])
 
     assert reason == "address 10.0.0.5 is still held by allocation t1, which has not shut down"
     assert cluster.holder("10.0.0.5") == ("t1", "releasing")
+    # releasing since the stop request: the remove request changes nothing about it
+    assert cluster.one("SELECT since_position FROM addresses")["since_position"] == stopping
 
 
 def test_an_address_is_free_again_once_its_holder_is_terminal(cluster):
@@ -301,6 +303,26 @@ def test_placing_the_same_allocation_again_is_a_duplicate_and_appends_nothing(cl
 
     assert (receipt.status, receipt.position, receipt.error) == ("duplicate", placed, None)
     assert cluster.head() == 4
+    assert cluster.rejections() == []
+    assert cluster.snapshot() == before
+
+
+@pytest.mark.parametrize("removed", [False, True])
+def test_placing_a_finished_allocation_again_the_same_way_is_still_a_duplicate(cluster, removed):
+    """A retry of a placement that was accepted: its answer does not change
+    once the allocation is terminal, or reaped (README)."""
+    cluster.ready_node("n1", slots=1)
+    placed = cluster.place("a1", "n1", slot=0, addresses=["10.0.0.5"])
+    cluster.report("a1", "complete")
+    if removed:
+        cluster.happens("alloc-removed", alloc="a1")
+    head, before = cluster.head(), cluster.snapshot()
+
+    receipt = cluster.submit("alloc-placed", alloc="a1", node="n1", slot=0,
+                             addresses=["10.0.0.5"])
+
+    assert (receipt.status, receipt.position, receipt.error) == ("duplicate", placed, None)
+    assert cluster.head() == head
     assert cluster.rejections() == []
     assert cluster.snapshot() == before
 

@@ -286,6 +286,15 @@ def test_a_removed_node_s_last_report_is_no_zombie_but_a_down_node_s_is(cluster,
         ("a1", position), ("ghost", position)]  # the slot table keeps what it said
 
 
+def test_slots_first_reported_empty_are_reported_since_that_heartbeat(cluster):
+    """An empty slot is reported too: since when the node says so is kept."""
+    cluster.ready_node("n1", slots=2)
+
+    position = cluster.happens("heartbeat", node="n1", slots=[{"slot": 0, "alloc": None}])
+
+    assert reported(cluster, "n1") == [(0, None, position), (1, None, position)]
+
+
 def test_a_slot_report_replaces_the_last_reported_table(cluster):
     cluster.ready_node("n1", slots=3)
     cluster.happens(
@@ -772,6 +781,25 @@ def test_under_rules_1_the_cascade_reaches_a_grandchild_back_behind_a_child_down
     assert cluster.states("lease-2") == [("lost", position)]
 
 
+def test_a_node_stays_down_while_a_grandparent_is_down_behind_a_parent_back(cluster):
+    """Rules 1 let wc1 back under host, which is down; today wc2 behind it
+    still finds host down in its parent chain, not only its parent."""
+    family(cluster)
+    cluster.happens("node-down", node="host")
+    cluster.ledger.rules = 1
+    cluster.happens("heartbeat", node="wc1")  # back under host, which is down
+    cluster.ledger.rules = RULES
+    assert cluster.status("wc1") == "ready"
+
+    position = cluster.happens("heartbeat", node="wc2")
+
+    node = cluster.node("wc2")
+    assert (node["status"], node["reason"]) == ("down", "parent wc1 went down")
+    assert node["last_heartbeat_position"] == position
+    assert cluster.refused("alloc-placed", alloc="lease-9", node="wc2", slot=0) == (
+        "node wc2 is not ready (status down); it takes no placements")
+
+
 def test_a_node_comes_back_once_every_node_of_its_parent_chain_is_back(cluster):
     family(cluster)
     cluster.happens("node-down", node="host")
@@ -957,6 +985,16 @@ def test_a_passed_health_check_makes_a_suspect_node_healthy_again(cluster):
     assert (node["health"], node["status"], node["reason"]) == ("ok", "ready", None)
     cluster.place("a1", "n1", slot=0)
     assert cluster.slot_state("n1", 0) == ("allocated", "a1")
+
+
+def test_a_passed_health_check_of_a_healthy_node_changes_nothing(cluster):
+    cluster.ready_node("n1", slots=1)
+    cluster.running("a1", "n1", slot=0)
+    before = cluster.snapshot()
+
+    cluster.happens("health-checked", node="n1", passed=True)
+
+    assert cluster.snapshot() == before
 
 
 def test_a_down_node_suspected_and_cleared_keeps_the_reason_it_went_down(cluster):
