@@ -16,7 +16,7 @@ from typing import Any
 import orjson
 
 from ledger.domain import Cluster
-from ledger.errors import LogEdited, PositionMissing, RulesTooNew, RuleViolation
+from ledger.errors import LogEdited, LogEndsEarly, PositionMissing, RulesTooNew, RuleViolation
 from ledger.model import RULES, Fact
 from ledger.store import Kept, LoggedEvent, logged
 
@@ -146,6 +146,18 @@ def gapless(log: Iterable[Kept], after: int = 0) -> Iterator[Kept]:
             raise missing(expected, stored.originator_version)
         expected += 1
         yield stored
+
+
+def check_read_whole(position: int, later: Iterable[LoggedEvent], needed: int | None) -> None:
+    """A replay asked the log for more than it got: its events stopped at
+    ``position``. That is the log's end only if nothing is kept after it
+    (``later``: the log after ``position``; else the positions between were
+    deleted, and the first is named) and it reaches ``needed``, a position
+    the log held when the replay began (else its last events were deleted)."""
+    for stored in later:
+        raise missing(position + 1, stored.originator_version)
+    if needed is not None and position < needed:
+        raise LogEndsEarly(position, needed)
 
 
 def missing(position: int, found: int) -> PositionMissing:

@@ -19,7 +19,7 @@ from ledger.model import (
     rfc3339,
     timestamp,
 )
-from ledger.records import Progress, replay_log
+from ledger.records import Progress, check_read_whole, replay_log
 from ledger.store import Store
 from projections import checkpoints, tables
 from projections.rows import Statements, write_changes
@@ -98,8 +98,12 @@ def replayed(
     while True:
         end = _next_stop(progress.position, every, upto)
         replay_log(cluster, store.read_log(progress.position, end), progress, until)
-        if progress.stopped or progress.position != end:
-            break  # the end of the log, or the first event after the moment asked for
+        if progress.stopped:
+            break  # the first event after the moment asked for
+        if progress.position != end:  # the end of the log, unless positions were deleted
+            if end is not None:
+                check_read_whole(progress.position, store.read_log(progress.position), upto)
+            break
         if every and end % every == 0:
             checkpoints.keep(store, cluster, end, progress.max_at)
         if end == upto:

@@ -30,7 +30,7 @@ from ledger.collection import fewer_collections
 from ledger.domain import Cluster
 from ledger.errors import LogEdited
 from ledger.pipeline import prompt_switches
-from ledger.records import Progress, replay_log
+from ledger.records import Progress, check_read_whole, replay_log
 from ledger.store import Store
 from projections import tables
 from projections.asof import AsOf, head_within, rebuild
@@ -141,10 +141,11 @@ class Scratch:
             try:
                 while self.position < target:
                     end = min(target, self.position + CHUNK)
-                    replay_log(
-                        self.cluster, self.store.read_log(self.position, end),
-                        Progress(self.position),
-                    )
+                    progress = Progress(self.position)
+                    replay_log(self.cluster, self.store.read_log(self.position, end), progress)
+                    if progress.position != end:
+                        check_read_whole(
+                            progress.position, self.store.read_log(progress.position), end)
                     changed = changed_rows(self.cluster.take_changes())
                     if writing is not None:
                         writing.result()

@@ -19,7 +19,9 @@ from audit_support import StoreUnderTest, history, one_line_error, run, texts
 from ledger import chain
 from ledger.application import Ledger
 from ledger.chain import GENESIS, Digest, current_digest, link, verify
+from ledger.errors import PositionMissing
 from ledger.store import Store, open_store
+from projections.asof import AsOf, rebuild
 
 TRIALS = {"sqlite": 60, "postgresql": 40}
 
@@ -317,16 +319,53 @@ def test_a_digest_beyond_the_log_proves_it_was_cut_short(attack: Attack) -> None
 
 def test_a_deleted_event_is_named_by_every_replay_not_only_verify(attack: Attack) -> None:
     """Positions are gapless: a replay that finds one missing says so, rather
-    than replaying what is left as if it were the whole history."""
+    than replaying what is left as if it were the whole history; also one
+    that asks for the very position deleted (the log read up to 120 ends at
+    119 there)."""
     attack.attacker.delete(120)
 
-    for command in (["replay"], ["audit"], ["query", "nodes", "--as-of", "200"]):
+    for command in (
+        ["replay"], ["audit"], ["query", "nodes", "--as-of", "200"],
+        ["query", "nodes", "--as-of", "120"], ["replay", "--to", "120"],
+        ["replay", "--to", "200"],
+    ):
         done = run(*command, url=attack.target.url)
         assert done.returncode == 1, (command, done.stderr)
         assert one_line_error(done.stderr) == (
             "Error: position 120 is missing from the log (the next kept event is at 121); "
             "alloc-ledger verify checks whether the log was edited"
         ), command
+
+
+def test_a_deleted_last_event_is_named_by_a_replay_of_the_tables_that_applied_it(
+    attack: Attack,
+) -> None:
+    """The tables have applied 240 events; a log that now ends at 239 cannot
+    be replayed to them: not a replay of 239 events reported as 240."""
+    assert run("project", url=attack.target.url).returncode == 0  # PostgreSQL's tables too
+    attack.attacker.delete(240)
+
+    done = run("replay", url=attack.target.url)
+
+    assert done.returncode == 1, done.stderr
+    assert one_line_error(done.stderr) == (
+        "Error: the log ends at position 239, before its head 240 when this began: its last "
+        "events were deleted; alloc-ledger verify checks whether the log was edited"
+    )
+
+
+@pytest.mark.parametrize("point", [AsOf(at="9999-12-31T23:59:59.000000Z"), AsOf(position=200),
+                                   None])
+def test_a_deleted_event_where_a_replay_pauses_for_a_checkpoint_is_named(
+    attack: Attack, point: AsOf | None,
+) -> None:
+    """A replay reads the log in stretches that end where checkpoints are
+    kept: one whose stretch ends at the event deleted is not the log's end."""
+    attack.attacker.delete(120)
+
+    with pytest.raises(PositionMissing, match="^position 120 is missing from the log "
+                                              r"\(the next kept event is at 121\)"):
+        rebuild(attack.store, point, every=120)
 
 
 def kept_hash(attack: Attack, position: int) -> str:
