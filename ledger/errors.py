@@ -69,6 +69,18 @@ class LogEndsEarly(LogEdited):
         )
 
 
+class Unchained(LogEdited):
+    """A kept event without its chain hash: alloc-ledger appends the two in
+    one transaction, so something else wrote it into the log."""
+
+    def __init__(self, position: int) -> None:
+        super().__init__(
+            f"the kept event at position {position} has no chain hash: alloc-ledger did not "
+            "append it (something wrote it into the log), so the projection tables do not "
+            "take it; alloc-ledger verify checks the log"
+        )
+
+
 class BadOption(LedgerError):
     """A value of a command-line option the ledger cannot use (a time without
     a zone, a position the log does not hold): a usage error of ``option``."""

@@ -13,7 +13,7 @@ from typing import Any
 
 from ledger.collection import fewer_collections
 from ledger.domain import Cluster
-from ledger.errors import LogEndsEarly
+from ledger.errors import LogEndsEarly, Unchained
 from ledger.records import Progress, replay_log
 from ledger.store import Store
 from projections.rows import Statements, TableSource, changed_rows
@@ -56,6 +56,7 @@ class Projector:
             head = min(head, tracked + limit)
         if tracked >= head:
             return tracked
+        self._check_chained(cursor, tracked, head)
         log = iter(self.store.read_log(tracked, head))
         progress = Progress(tracked)
         while progress.position < head:
@@ -67,3 +68,24 @@ class Projector:
         self.store.track(cursor, head)
         self.cluster.forget()
         return head
+
+    def _check_chained(self, cursor: Any, tracked: int, head: int) -> None:
+        """Every event to be applied has its chain hash (one count of a range
+        of the hashes' key), or it is not the ledger's: name the first without."""
+        p = self.store.param
+        cursor.execute(
+            f"SELECT COUNT(*) FROM event_hashes WHERE position > {p} AND position <= {p}",
+            (tracked, head),
+        )
+        if cursor.fetchone()[0] == head - tracked:
+            return
+        cursor.execute(
+            f"SELECT position FROM event_hashes WHERE position > {p} AND position <= {p} "
+            "ORDER BY position", (tracked, head),
+        )
+        expected = tracked + 1
+        for (position,) in cursor.fetchall():
+            if position != expected:
+                break
+            expected += 1
+        raise Unchained(expected)

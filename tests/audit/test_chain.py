@@ -20,6 +20,7 @@ from ledger import chain
 from ledger.application import Ledger
 from ledger.chain import GENESIS, Digest, current_digest, link, verify
 from ledger.errors import PositionMissing
+from ledger.model import RULES
 from ledger.store import Store, open_store
 from projections.asof import AsOf, rebuild
 
@@ -113,6 +114,19 @@ class Attacker:
             "WHERE originator_version = ?",
             (position, state.replace(b'"type":"', b'"type":"x', 1), position + 1),
         )
+
+    def append_unchained(self, event: dict[str, Any]) -> int:
+        """Append a well-formed event after the head, kept as the ledger keeps
+        one, but without its chain hash."""
+        head = self.head()
+        topic, _ = self.event(1)  # a node registered: appended
+        state = orjson.dumps({"event": event, "recorded_at": event["at"], "rules": RULES})
+        self.sql(
+            f"INSERT INTO {self.events} (originator_id, originator_version, topic, state) "
+            f"SELECT originator_id, ?, ?, ? FROM {self.events} WHERE originator_version = 1",
+            (head + 1, topic, state),
+        )
+        return head + 1
 
     def swap(self, first: int, second: int) -> None:
         one, two = self.event(first), self.event(second)
@@ -366,6 +380,32 @@ def test_a_deleted_event_where_a_replay_pauses_for_a_checkpoint_is_named(
     with pytest.raises(PositionMissing, match="^position 120 is missing from the log "
                                               r"\(the next kept event is at 121\)"):
         rebuild(attack.store, point, every=120)
+
+
+def test_an_event_appended_without_its_chain_hash_never_reaches_the_tables(
+    attack: Attack,
+) -> None:
+    """The ledger appends an event and its chain hash in one transaction: an
+    event without one was written by something else, and a query that
+    catches the tables up (on SQLite every query; on PostgreSQL ``--wait``
+    and ``project``) refuses it instead of taking it as history."""
+    assert run("project", url=attack.target.url).returncode == 0
+    forged = attack.attacker.append_unchained(
+        {"type": "node-registered", "node": "evil", "slots": 1, "at": "2026-06-01T00:00:00.000000Z"})
+    attack.attacker.append_unchained(  # the first without a hash is named
+        {"type": "heartbeat", "node": "evil", "at": "2026-06-01T00:00:01.000000Z"})
+
+    for command in (["query", "nodes", "--wait"], ["project"]):
+        done = run(*command, url=attack.target.url)
+        assert done.returncode == 1, (command, done.stderr)
+        assert one_line_error(done.stderr) == (
+            f"Error: the kept event at position {forged} has no chain hash: alloc-ledger did not "
+            "append it (something wrote it into the log), so the projection tables do not take "
+            "it; alloc-ledger verify checks the log"
+        ), command
+    assert attack.attacker.sql("SELECT count(*) FROM nodes WHERE node = 'evil'") == [(0,)]
+    with attack.store.reading() as cursor:
+        assert attack.store.tracked(cursor) == forged - 1
 
 
 def kept_hash(attack: Attack, position: int) -> str:
