@@ -60,7 +60,8 @@ APPEND_ONLY = [
        BEGIN SELECT RAISE(ABORT, 'the event log is append-only'); END""",
 ]
 # The client ids are guarded as well: a lost id would let a retry append its
-# event again. Stores made before they were are guarded when next opened.
+# event again. Stores made before they were are guarded when next opened, as
+# is a store whose guards were dropped by hand (to "fix a row").
 ID_GUARD_NAMES = ("event_ids_append_only_update", "event_ids_append_only_delete")
 ID_GUARDS = [
     f"""CREATE TRIGGER IF NOT EXISTS {name}
@@ -68,6 +69,8 @@ ID_GUARDS = [
        BEGIN SELECT RAISE(ABORT, 'the event log is append-only'); END"""
     for name in ID_GUARD_NAMES
 ]
+GUARDS = [statement for statement in APPEND_ONLY if "TRIGGER" in statement] + ID_GUARDS
+GUARD_NAMES = tuple(statement.split()[5] for statement in GUARDS)
 
 
 @cache
@@ -328,10 +331,10 @@ class SQLiteStore:
             version = _ledger_version(cursor)
             cursor.execute(
                 "SELECT (SELECT COUNT(*) FROM sqlite_master WHERE type = 'trigger' "
-                f"AND name IN ({', '.join('?' * len(ID_GUARD_NAMES))})), "
+                f"AND name IN ({', '.join('?' * len(GUARD_NAMES))})), "
                 "(SELECT COUNT(*) FROM sqlite_master "  # a view, or what else holds its name
                 f"WHERE name IN ({', '.join('?' * len(tables.ALL_VIEWS))}))",
-                (*ID_GUARD_NAMES, *tables.ALL_VIEWS),
+                (*GUARD_NAMES, *tables.ALL_VIEWS),
             )
             guards, views = cursor.fetchone()
             if version > SCHEMA_VERSION:
@@ -345,11 +348,12 @@ class SQLiteStore:
                 "where it may be written, to upgrade it"
             )
         if version == SCHEMA_VERSION:
-            # Ids guarded (a store made before they were), a view dropped by hand
-            # made again; a table dropped is not made again empty.
-            if not self.read_only and (guards < len(ID_GUARDS) or views < len(tables.ALL_VIEWS)):
+            # Guards (ids: a store made before they were; any dropped by hand)
+            # and a view dropped by hand made again; a table dropped is not made
+            # again empty.
+            if not self.read_only and (guards < len(GUARDS) or views < len(tables.ALL_VIEWS)):
                 with self.writing() as cursor:
-                    for statement in ID_GUARDS:
+                    for statement in GUARDS:
                         cursor.execute(statement)
                     tables.create_views(cursor, self.dialect)
                     tables.create_log_views(cursor, self.dialect, self.stream, PROJECTIONS)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import random
+import sqlite3
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -357,6 +358,7 @@ def test_a_deleted_last_event_is_named_by_a_replay_of_the_tables_that_applied_it
     """The tables have applied 240 events; a log that now ends at 239 cannot
     be replayed to them: not a replay of 239 events reported as 240."""
     assert run("project", url=attack.target.url).returncode == 0  # PostgreSQL's tables too
+    attack.attacker.drop_guards()  # again: opening the store put them back
     attack.attacker.delete(240)
 
     done = run("replay", url=attack.target.url)
@@ -691,6 +693,7 @@ def test_digest_refuses_a_head_whose_kept_hash_does_not_follow(attack: Attack, w
     """A digest saved elsewhere must be one the log can match: the last link is checked."""
     head = attack.attacker.head()
     assert run("digest", url=attack.target.url).returncode == 0
+    attack.attacker.drop_guards()  # again: opening the store put them back
     attack.attacker.edit_hash(head if where == "head" else head - 1)
 
     printed = run("digest", url=attack.target.url)
@@ -699,3 +702,18 @@ def test_digest_refuses_a_head_whose_kept_hash_does_not_follow(attack: Attack, w
     assert one_line_error(printed.stderr) == (
         f"Error: the chain hash kept for position {head} does not follow from the event there "
         "and the hash before it; run `alloc-ledger verify` to see where the log was tampered with")
+
+
+@pytest.mark.parametrize("table", ["stored_events", "event_hashes", "event_ids"])
+def test_guards_dropped_by_hand_are_made_again_when_the_store_is_next_opened(
+    sqlite_under_test: StoreUnderTest, table: str,
+) -> None:
+    """A DBA who drops a trigger to "fix a row" does not leave the log
+    unguarded: the next command that opens the store guards it again."""
+    attacker = simulated_and_unguarded(sqlite_under_test, 20)
+    assert attacker.sql("SELECT count(*) FROM sqlite_master WHERE type = 'trigger'") == [(0,)]
+
+    assert run("query", "nodes", url=sqlite_under_test.url).returncode == 0
+
+    with pytest.raises(sqlite3.IntegrityError, match="the event log is append-only"):
+        attacker.sql(f"DELETE FROM {table}")
