@@ -54,7 +54,9 @@ def _point(as_of: str | None) -> AsOf | None:
 
 class Answering(NamedTuple):
     queries: Queries
-    position: int | None  # as of which position (None: the live tables)
+    # as of which position: None for live tables that are current; the
+    # tables' own position when they lag behind the log
+    position: int | None
     moment: str | None  # as of which time (None: now)
 
 
@@ -81,7 +83,8 @@ def answering(ctx: click.Context, as_of: str | None) -> Iterator[Answering]:
             if head > tracked:  # on stderr in every format: stdout stays the answer
                 click.echo(f"lag: {counted(head - tracked, 'position')} behind the log (the "
                            f"answer is as of position {tracked} of {head})", err=True)
-            yield Answering(Queries(cursor, store.param), None, None)
+            # "not in the ledger" is then said of that position, not of the log
+            yield Answering(Queries(cursor, store.param), tracked if head > tracked else None, None)
 
 
 def _within_the_log(store: Store, point: AsOf) -> None:

@@ -171,6 +171,31 @@ def test_a_query_says_how_far_behind_the_tables_are_and_wait_catches_up(
     assert [line.split()[0] for line in caught_up.stdout.splitlines()] == ["node", "n1", "n2", "n3"]
 
 
+def test_what_lagging_tables_do_not_hold_yet_is_not_in_the_ledger_at_their_position(
+    pg_url, alloc_ledger
+):
+    """The log names a1 and n1 but the tables have not applied them: a lookup
+    says so of the tables' position, which the lag line names, not of the
+    ledger as a whole (as if the name were mistyped)."""
+    for args in (["node-registered", "--node", "n1"], ["heartbeat", "--node", "n1"],
+                 ["alloc-placed", "--alloc", "a1", "--node", "n1", "--job", "web"]):
+        assert alloc_ledger("submit", *args, url=pg_url).returncode == 0
+    lag = "lag: 3 positions behind the log (the answer is as of position 0 of 3)\n"
+
+    for args, error in [
+        (["alloc", "a1"], "allocation a1 is not in the ledger at position 0"),
+        (["allocs", "--node", "n1"], "node n1 is not in the ledger at position 0"),
+        (["allocs", "--job", "web"], "no allocation of job web is in the ledger at position 0"),
+        (["slots", "--node", "n1"], "node n1 is not in the ledger at position 0"),
+    ]:
+        done = alloc_ledger("query", *args, url=pg_url)
+        assert (done.returncode, done.stderr) == (1, f"{lag}Error: {error}\n"), args
+
+    found = alloc_ledger("query", "alloc", "a1", "--wait", url=pg_url)
+    assert (found.returncode, found.stderr) == (0, "")
+    assert [h["position"] for h in json.loads(found.stdout)["history"]] == [3]
+
+
 def test_a_query_reads_one_snapshot_so_its_lag_matches_its_rows(pg_url, alloc_ledger, project):
     """A follower that commits while a query reads changes neither the
     position the query reports nor the rows it answers with."""
