@@ -83,20 +83,25 @@ def counting_loads(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, str]]:
     return loads
 
 
+# A host with a working copy under it; a1 placed with two addresses, a2
+# running with one.
+HOST_AND_COPY = [
+    {"type": "node-registered", "node": "host", "slots": 2},
+    {"type": "node-registered", "node": "wc", "slots": 1, "parent": "host"},
+    {"type": "heartbeat", "node": "host"},
+    {"type": "heartbeat", "node": "wc"},
+    {"type": "alloc-placed", "alloc": "a1", "node": "host", "slot": 0,
+     "addresses": ["10.0.0.1", "10.0.0.2"]},
+    {"type": "alloc-placed", "alloc": "a2", "node": "host", "slot": 1,
+     "addresses": ["10.0.0.3"]},
+    {"type": "alloc-updated", "alloc": "a2", "client_status": "running"},
+]
+
+
 def test_a_writer_that_forgot_its_cache_loads_a_batch_in_one_round_trip(pg_url, monkeypatch):
     loads = counting_loads(monkeypatch)
     with Ledger.open(pg_url) as ledger:
-        setup = ledger.submit_batch([
-            {"type": "node-registered", "node": "host", "slots": 2},
-            {"type": "node-registered", "node": "wc", "slots": 1, "parent": "host"},
-            {"type": "heartbeat", "node": "host"},
-            {"type": "heartbeat", "node": "wc"},
-            {"type": "alloc-placed", "alloc": "a1", "node": "host", "slot": 0,
-             "addresses": ["10.0.0.1", "10.0.0.2"]},
-            {"type": "alloc-placed", "alloc": "a2", "node": "host", "slot": 1,
-             "addresses": ["10.0.0.3"]},
-            {"type": "alloc-updated", "alloc": "a2", "client_status": "running"},
-        ])
+        setup = ledger.submit_batch(HOST_AND_COPY)
         assert [r.status for r in setup] == ["appended"] * 7, setup
         ledger.cluster.forget()  # as when another writer has moved the head
         loads.clear()
@@ -150,14 +155,7 @@ def test_a_cold_writer_decides_a_cascade_as_a_warm_one_would(pg_url, tables, rep
     decides and writes is what a replay of the log holds."""
     with Ledger.open(pg_url) as ledger:
         setup = ledger.submit_batch([
-            {"type": "node-registered", "node": "host", "slots": 2},
-            {"type": "node-registered", "node": "wc", "slots": 1, "parent": "host"},
-            {"type": "heartbeat", "node": "host"},
-            {"type": "heartbeat", "node": "wc"},
-            {"type": "alloc-placed", "alloc": "a1", "node": "host", "slot": 0,
-             "addresses": ["10.0.0.1", "10.0.0.2"]},
-            {"type": "alloc-placed", "alloc": "a2", "node": "host", "slot": 1},
-            {"type": "alloc-updated", "alloc": "a2", "client_status": "running"},
+            *HOST_AND_COPY,
             {"type": "alloc-placed", "alloc": "w1", "node": "wc", "slot": 0},
             {"type": "alloc-updated", "alloc": "w1", "client_status": "running"},
         ])
