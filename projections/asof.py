@@ -101,8 +101,8 @@ def replayed(
         if progress.stopped:
             break  # the first event after the moment asked for
         if progress.position != end:  # the end of the log, unless positions were deleted
-            if end is not None:
-                check_read_whole(progress.position, store.read_log(progress.position), upto)
+            if end is not None:  # (a position past the head: the state at the head)
+                check_read_whole(progress.position, store.read_log(progress.position), None)
             break
         if every and end % every == 0:
             checkpoints.keep(store, cluster, end, progress.max_at)
