@@ -50,6 +50,16 @@ class LogEdited(LedgerError):
     something edited them (or a bug did). ``alloc-ledger verify`` says where."""
 
 
+class Refused(LogEdited):
+    """A kept event its own rules refuse when replayed onto the tables that
+    are to apply it: they do not match the log before it."""
+
+    def __init__(self, position: int, violation: LedgerError, message: str) -> None:
+        super().__init__(message)
+        self.position = position
+        self.violation = violation
+
+
 class NotADigest(LedgerError):
     """Text given as a head of the chain that is not ``POSITION:HASH``."""
 

@@ -15,8 +15,15 @@ from typing import Any
 
 import orjson
 
-from ledger.domain import Cluster
-from ledger.errors import LogEdited, LogEndsEarly, PositionMissing, RulesTooNew, RuleViolation
+from ledger.domain import AlreadyPlaced, Cluster
+from ledger.errors import (
+    LogEdited,
+    LogEndsEarly,
+    PositionMissing,
+    Refused,
+    RulesTooNew,
+    RuleViolation,
+)
 from ledger.model import RULES, Fact
 from ledger.store import Kept, LoggedEvent, logged
 
@@ -80,7 +87,7 @@ def replay(cluster: Cluster, record: Record) -> None:
         return
     try:
         cluster.apply(record.event, record.fact)
-    except RuleViolation as violation:
+    except (RuleViolation, AlreadyPlaced) as violation:  # a placement kept once already
         raise refused(record.position, violation) from None
     except (ValueError, LookupError, TypeError) as error:  # its type or a field edited
         raise unreadable(record.position, error) from None
@@ -131,7 +138,7 @@ def replay_log(
     except (ValueError, LookupError, TypeError) as error:
         # a kept event that is not as it was kept: the log was edited
         raise unreadable(None if stored is None else stored.originator_version, error) from None
-    except RuleViolation as violation:
+    except (RuleViolation, AlreadyPlaced) as violation:  # a placement kept once already
         assert stored is not None
         raise refused(stored.originator_version, violation) from None
     progress.position, progress.max_at = position, max_at
@@ -174,13 +181,14 @@ def rules_of(state: dict[str, Any], position: int) -> int:
     return rules
 
 
-def refused(position: int, violation: RuleViolation) -> LogEdited:
+def refused(position: int, violation: RuleViolation | AlreadyPlaced) -> Refused:
     """A kept event that its own rules refuse when the log is replayed: it was
     decided against tables that did not match the log before it."""
-    return LogEdited(
+    return Refused(
+        position, violation,
         f"the kept event at position {position} was appended, but replaying the log "
         f"refuses it ({violation}): it was decided against tables that did not match "
-        "the log (were they edited?); alloc-ledger verify checks the log itself"
+        "the log (were they edited?); alloc-ledger verify checks the log itself",
     )
 
 

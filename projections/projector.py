@@ -13,7 +13,7 @@ from typing import Any
 
 from ledger.collection import fewer_collections
 from ledger.domain import Cluster
-from ledger.errors import LogEndsEarly, Unchained
+from ledger.errors import LogEdited, LogEndsEarly, Refused, Unchained
 from ledger.records import Progress, replay_log
 from ledger.store import Store
 from projections.rows import Statements, TableSource, changed_rows
@@ -61,7 +61,15 @@ class Projector:
         progress = Progress(tracked)
         while progress.position < head:
             before = progress.position
-            replay_log(self.cluster, itertools.islice(log, PAGE), progress)
+            try:
+                replay_log(self.cluster, itertools.islice(log, PAGE), progress)
+            except Refused as refused:
+                raise LogEdited(
+                    f"the projection tables cannot apply the kept event at position "
+                    f"{refused.position} ({refused.violation}): they do not match the log up "
+                    f"to their tracking position {tracked} (was it lowered, or were they "
+                    "edited?); alloc-ledger verify checks the log itself"
+                ) from None
             self.store.write_rows(cursor, self.sql, changed_rows(self.cluster.take_changes()))
             if progress.position == before:  # nothing applied is ever tracked as applied
                 raise LogEndsEarly(before, head)

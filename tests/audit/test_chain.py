@@ -717,3 +717,23 @@ def test_guards_dropped_by_hand_are_made_again_when_the_store_is_next_opened(
 
     with pytest.raises(sqlite3.IntegrityError, match="the event log is append-only"):
         attacker.sql(f"DELETE FROM {table}")
+
+
+def test_a_tracking_position_lowered_by_hand_is_named_not_the_log(
+    sqlite_under_test: StoreUnderTest,
+) -> None:
+    """The tables hold every event, but their tracking row says fewer: the
+    projector's next catch-up applies events again, which their rules refuse;
+    the error says the tables and their position disagree, not that the log
+    was decided wrongly."""
+    attacker = simulated_and_unguarded(sqlite_under_test, 60)
+    attacker.sql("UPDATE tracking SET notification_id = 10")
+
+    done = run("query", "nodes", url=sqlite_under_test.url)
+
+    assert done.returncode == 1, done.stderr
+    line = one_line_error(done.stderr)
+    assert line.startswith("Error: the projection tables cannot apply the kept event at position "), line
+    assert line.endswith(
+        "they do not match the log up to their tracking position 10 (was it lowered, or were "
+        "they edited?); alloc-ledger verify checks the log itself"), line
