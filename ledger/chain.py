@@ -267,7 +267,8 @@ class ChainCheck:
         return Break(
             position,
             f"the log no longer extends digest {self.digest}: position {position} "
-            f"now hashes to {recomputed}",
+            f"now hashes to {recomputed} (the log was rewritten up to there, or the digest "
+            "is of another ledger)",
         )
 
 
