@@ -301,12 +301,15 @@ def test_an_inline_batch_taken_while_the_round_before_commits_is_projected(
     leader = Ledger.open(pg_url)
     take_round = Handoff._round
     held = threading.Event()
+    rounds: list[int] = []  # the rounds that had batches
 
     def overlapping(self: Handoff, connection: Any, committing: Any) -> Any:
-        """The first round with batches returns (to commit) only once the
+        """The second round with batches returns (to commit) only once the
         inline batch is waiting: the next round is taken while it commits."""
         written = take_round(self, connection, committing)
-        if written is not None and not held.is_set():
+        if written is not None:
+            rounds.append(len(rounds) + 1)
+        if rounds == [1, 2] and not held.is_set():
             held.set()
             with psycopg.connect(os.environ["ALLOC_LEDGER_TEST_PG"], autocommit=True) as look:
                 deadline = time.monotonic() + 10
@@ -315,9 +318,10 @@ def test_an_inline_batch_taken_while_the_round_before_commits_is_projected(
                     time.sleep(0.02)
         return written
 
+    # set before the leader's loop starts, so that no round in flight misses it
+    monkeypatch.setattr(Handoff, "_round", overlapping)
     try:
         assert leader.submit({"type": "heartbeat", "node": "n1"}).position == 2  # it leads
-        monkeypatch.setattr(Handoff, "_round", overlapping)
         first = threading.Thread(
             target=leader.submit, args=({"type": "heartbeat", "node": "n1"},))
         first.start()
