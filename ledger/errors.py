@@ -51,13 +51,30 @@ class LogEdited(LedgerError):
 
 
 class Refused(LogEdited):
-    """A kept event its own rules refuse when replayed onto the tables that
-    are to apply it: they do not match the log before it."""
+    """A kept event that its own rules refuse when the log is replayed: it was
+    decided against tables that did not match the log before it."""
 
-    def __init__(self, position: int, violation: LedgerError, message: str) -> None:
-        super().__init__(message)
+    def __init__(self, position: int, violation: LedgerError) -> None:
+        super().__init__(
+            f"the kept event at position {position} was appended, but replaying the log "
+            f"refuses it ({violation}): it was decided against tables that did not match "
+            "the log (were they edited?); alloc-ledger verify checks the log itself"
+        )
         self.position = position
         self.violation = violation
+
+
+class TablesDisagree(LogEdited):
+    """Projection tables that cannot apply a kept event: they hold more, or
+    other, than the log up to their tracking position."""
+
+    def __init__(self, refused: Refused, tracked: int) -> None:
+        super().__init__(
+            f"the projection tables cannot apply the kept event at position "
+            f"{refused.position} ({refused.violation}): they do not match the log up to "
+            f"their tracking position {tracked} (was it lowered, or were they edited?); "
+            "alloc-ledger verify checks the log itself"
+        )
 
 
 class NotADigest(LedgerError):

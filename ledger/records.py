@@ -88,7 +88,7 @@ def replay(cluster: Cluster, record: Record) -> None:
     try:
         cluster.apply(record.event, record.fact)
     except (RuleViolation, AlreadyPlaced) as violation:  # a placement kept once already
-        raise refused(record.position, violation) from None
+        raise Refused(record.position, violation) from None
     except (ValueError, LookupError, TypeError) as error:  # its type or a field edited
         raise unreadable(record.position, error) from None
 
@@ -140,7 +140,7 @@ def replay_log(
         raise unreadable(None if stored is None else stored.originator_version, error) from None
     except (RuleViolation, AlreadyPlaced) as violation:  # a placement kept once already
         assert stored is not None
-        raise refused(stored.originator_version, violation) from None
+        raise Refused(stored.originator_version, violation) from None
     progress.position, progress.max_at = position, max_at
 
 
@@ -179,17 +179,6 @@ def rules_of(state: dict[str, Any], position: int) -> int:
     if rules > RULES:
         raise RulesTooNew(position, rules, RULES)
     return rules
-
-
-def refused(position: int, violation: RuleViolation | AlreadyPlaced) -> Refused:
-    """A kept event that its own rules refuse when the log is replayed: it was
-    decided against tables that did not match the log before it."""
-    return Refused(
-        position, violation,
-        f"the kept event at position {position} was appended, but replaying the log "
-        f"refuses it ({violation}): it was decided against tables that did not match "
-        "the log (were they edited?); alloc-ledger verify checks the log itself",
-    )
 
 
 def unreadable(position: int | None, error: Exception) -> LogEdited:

@@ -42,35 +42,26 @@ SCHEMA_VERSION = 3
 MIN_SQLITE = (3, 33, 0)
 PAGE = 5000
 
-APPEND_ONLY = [
-    """CREATE TRIGGER IF NOT EXISTS stored_events_append_only_update
-       BEFORE UPDATE ON stored_events
-       BEGIN SELECT RAISE(ABORT, 'the event log is append-only'); END""",
-    """CREATE TRIGGER IF NOT EXISTS stored_events_append_only_delete
-       BEFORE DELETE ON stored_events
-       BEGIN SELECT RAISE(ABORT, 'the event log is append-only'); END""",
+LOG_TABLES = [
     """CREATE TABLE IF NOT EXISTS event_ids (id TEXT PRIMARY KEY, position INTEGER NOT NULL)
        WITHOUT ROWID""",
     "CREATE TABLE IF NOT EXISTS event_hashes (position INTEGER PRIMARY KEY, hash TEXT NOT NULL)",
-    """CREATE TRIGGER IF NOT EXISTS event_hashes_append_only_update
-       BEFORE UPDATE ON event_hashes
-       BEGIN SELECT RAISE(ABORT, 'the event log is append-only'); END""",
-    """CREATE TRIGGER IF NOT EXISTS event_hashes_append_only_delete
-       BEFORE DELETE ON event_hashes
-       BEGIN SELECT RAISE(ABORT, 'the event log is append-only'); END""",
 ]
-# The client ids are guarded as well: a lost id would let a retry append its
-# event again. Stores made before they were are guarded when next opened, as
-# is a store whose guards were dropped by hand (to "fix a row").
-ID_GUARD_NAMES = ("event_ids_append_only_update", "event_ids_append_only_delete")
-ID_GUARDS = [
-    f"""CREATE TRIGGER IF NOT EXISTS {name}
-       BEFORE {name.rsplit("_", 1)[1].upper()} ON event_ids
+# The log, its hash chain and its client ids are append-only (a lost id would
+# let a retry append its event again). A store made before the ids were
+# guarded, or whose guards were dropped by hand (to "fix a row"), is guarded
+# again when next opened.
+GUARDED = [
+    (table, operation)
+    for table in ("stored_events", "event_hashes", "event_ids")
+    for operation in ("UPDATE", "DELETE")
+]
+GUARD_NAMES = tuple(f"{table}_append_only_{operation.lower()}" for table, operation in GUARDED)
+GUARDS = [
+    f"""CREATE TRIGGER IF NOT EXISTS {name} BEFORE {operation} ON {table}
        BEGIN SELECT RAISE(ABORT, 'the event log is append-only'); END"""
-    for name in ID_GUARD_NAMES
+    for name, (table, operation) in zip(GUARD_NAMES, GUARDED, strict=True)
 ]
-GUARDS = [statement for statement in APPEND_ONLY if "TRIGGER" in statement] + ID_GUARDS
-GUARD_NAMES = tuple(statement.split()[5] for statement in GUARDS)
 
 
 @cache
@@ -366,7 +357,7 @@ class SQLiteStore:
             self.recorder = SQLiteProcessRecorder(self.datastore)
             self.recorder.create_table()
         with self.writing() as cursor:
-            for statement in APPEND_ONLY + ID_GUARDS:
+            for statement in LOG_TABLES + GUARDS:
                 cursor.execute(statement)
             tables.create(cursor, self.dialect)
             tables.create_log_views(cursor, self.dialect, self.stream, PROJECTIONS)
