@@ -17,7 +17,7 @@ from typing import IO, Any
 import click
 
 from commands.cli import STORE_GOES_FIRST, store_of
-from commands.console import Interrupted, signal_of, terminated_as_interrupted
+from commands.console import Held, Interrupted, Signalled, signal_of
 from commands.output import ClosedStream, json_text, write
 from ledger.application import Ledger, Receipt
 from ledger.errors import InvalidEvent, LedgerError, StoreUnavailable
@@ -87,8 +87,8 @@ def submit(ctx: click.Context, source: str, quiet: bool, batch: int) -> None:
             with suppress(OSError):
                 click.echo("reading events from the terminal, one JSON object per line; "
                            "Ctrl-D ends", err=True)
-        with Ledger.open(store_of(ctx)) as ledger, terminated_as_interrupted():
-            counts = _print(_stream(ledger, stream, batch), quiet, sys.stderr.isatty())
+        with Ledger.open(store_of(ctx)) as ledger, Held().installed() as held:
+            counts = _print(_stream(ledger, stream, batch, held), quiet, sys.stderr.isatty(), held)
         if not any(counts.values()):  # a producer that died before writing looks like this
             click.echo(f"no events in {'stdin' if source == '-' else source}", err=True)
     if quiet:
@@ -183,18 +183,23 @@ def _without_bom(number: int, line: bytes) -> bytes:
 
 
 def _stream(
-    ledger: Ledger, stream: IO[bytes], batch: int
+    ledger: Ledger, stream: IO[bytes], batch: int, held: Held
 ) -> Iterator[list[tuple[int, Receipt]]]:
     """Commit what has arrived in batches: large when input is waiting, small
-    (down to one event) when a producer sends slowly and waits for answers."""
+    (down to one event) when a producer sends slowly and waits for answers.
+    A signal waits while a batch is with the store (``held``), never while
+    this waits for input."""
     descriptor = _pipe(stream)
     if descriptor is None:  # a file, or a stream in memory, never makes us wait: full batches
         numbered = _lines(stream)
-        yield from _decide_all(ledger, iter(lambda: list(itertools.islice(numbered, batch)), []))
+        batches = iter(lambda: list(itertools.islice(numbered, batch)), [])
+        yield from _decide_all(ledger, batches, held)
         return
     arrivals = Arrivals(descriptor)
     while pending := arrivals.take(batch):
-        yield _decide(ledger, pending)
+        with held.holding():
+            decided = _decide(ledger, pending)
+        yield decided
 
 
 class Arrivals:
@@ -278,10 +283,11 @@ def _paired(pending: list[tuple[int, Any]], receipts: list[Receipt]) -> list[tup
 
 
 def _decide_all(
-    ledger: Ledger, batches: Iterator[list[tuple[int, Any]]]
+    ledger: Ledger, batches: Iterator[list[tuple[int, Any]]], held: Held
 ) -> Iterator[list[tuple[int, Receipt]]]:
     """``_decide`` each batch in turn, through ``Ledger.submit_batches`` (which
-    may decide one batch while the last commits: the batches are all there)."""
+    may decide one batch while the last commits: the batches are all there).
+    Between two results a batch is with the store: a signal waits (``held``)."""
     taken: deque[list[tuple[int, Any]]] = deque()
 
     def lines() -> Iterator[list[Any]]:
@@ -289,7 +295,12 @@ def _decide_all(
             taken.append(pending)
             yield _submitted(pending)
 
-    for receipts in ledger.submit_batches(lines()):
+    decided = ledger.submit_batches(lines())
+    while True:
+        with held.holding():
+            receipts = next(decided, None)
+        if receipts is None:
+            return
         yield _paired(taken.popleft(), receipts)
 
 
@@ -310,7 +321,7 @@ OF_REJECTED = "duplicate_of_rejected"
 
 
 def _print(
-    results: Any, quiet: bool, progress: bool
+    results: Any, quiet: bool, progress: bool, held: Held | None = None
 ) -> Counter[str]:
     shown = time.monotonic()
     # The results tallied and the last line among them, replaced whole once a
@@ -332,9 +343,14 @@ def _print(
                 total = sum(tally.values()) - tally[OF_REJECTED]
                 click.echo(f"\r{total} event{'' if total == 1 else 's'}, {tally['rejected']} rejected, "
                            f"{tally['invalid']} invalid", err=True, nl=False)
+            if held is not None:
+                held.settle()  # a signal that waited for this batch: it is reported now
+        if held is not None:
+            held.settle()  # one that came as the stream ended: it is not lost
     except KeyboardInterrupt as stop:
         _clear(progress)
-        raise Interrupted(_kept_until(*done), terminated=signal_of(stop)) from None
+        settled = isinstance(stop, Signalled) and stop.settled
+        raise Interrupted(_kept_until(*done, settled), terminated=signal_of(stop)) from None
     except LedgerError as error:  # the store lost mid-stream: say how far it got
         _clear(progress)
         if not done[1]:
@@ -351,14 +367,18 @@ def _clear(progress: bool) -> None:
             click.echo("\r" + " " * 60 + "\r", err=True, nl=False)
 
 
-def _kept_until(counts: Counter[str], reported: int) -> str:
-    """What a submit stopped midway (Ctrl-C, SIGTERM, SIGHUP, a lost store) had decided and kept."""
+def _kept_until(counts: Counter[str], reported: int, settled: bool = False) -> str:
+    """What a submit stopped midway (Ctrl-C, SIGTERM, SIGHUP, a lost store) had
+    decided and kept; ``settled``: no batch was left with the store unanswered,
+    so no later line is kept."""
     learn = "resubmit with ids to learn which: kept ones answer duplicate"
     if not reported:
+        if settled:
+            return "no line was kept"
         return f"no result was printed before it, yet some lines may be kept ({learn})"
     tally = ", ".join(f"{n} {status}" for status, n in counts.items() if status != OF_REJECTED)
-    return (f"every line up to {reported} was decided and is kept as decided ({tally}); "
-            f"later ones may be kept too ({learn})")
+    later = "no later line was kept" if settled else f"later ones may be kept too ({learn})"
+    return f"every line up to {reported} was decided and is kept as decided ({tally}); {later}"
 
 
 def _out(text: str, batch: list[tuple[int, Receipt]] | None) -> None:

@@ -463,8 +463,7 @@ def test_ctrl_c_on_a_stream_exits_130_in_one_line_saying_what_was_kept(url, quie
 
     assert (writer.returncode, out, errors) == (code, "", (
         f"Error: {what}: every line up to 2 was decided and is kept as decided "
-        "(1 appended, 0 duplicate, 1 rejected, 0 invalid); later ones may be kept too "
-        "(resubmit with ids to learn which: kept ones answer duplicate)\n"))
+        "(1 appended, 0 duplicate, 1 rejected, 0 invalid); no later line was kept\n"))
     assert json.loads(invoke(store(url, "query", "nodes")).stdout)[0]["node"] == "n1"
 
 

@@ -1,0 +1,160 @@
+"""Ctrl-C (or SIGTERM, SIGHUP) while a batch of a stream is with the store:
+the batch is finished and reported first, so the stream's last words say
+exactly which lines are kept; a second signal stops at once, and then they
+say the batch may be kept or not.
+
+Each store, each way a stream is read: a file (batches decided while the
+last commits, where the store can) and a pipe (batch by batch, as lines
+arrive). The signal is sent from inside the submit, as a batch is handed to
+the store, so it lands where a user's Ctrl-C would be most costly.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import IO, Any
+
+import pytest
+from cli_support import invoke
+
+from ledger.application import Ledger
+
+# Six events in batches of two; each with an id, so a resubmission says which were kept.
+EVENTS = [{"type": "node-registered", "node": "n1", "id": "e1"}] + [
+    {"type": "heartbeat", "node": "n1", "id": f"e{n}"} for n in range(2, 7)]
+TEXT = "".join(json.dumps(event) + "\n" for event in EVENTS)
+SIGNALS = [(signal.SIGINT, 130, "interrupted", "Ctrl-C"),
+           (signal.SIGTERM, 143, "terminated", "the signal")]
+
+
+def _signal_self(signum: int, times: int) -> None:
+    for _ in range(times):
+        os.kill(os.getpid(), signum)
+        time.sleep(0.01)  # its handler runs before the next is sent (signals do not queue)
+
+
+def signalled_at_batch(monkeypatch: pytest.MonkeyPatch, signum: int, times: int) -> None:
+    """The second batch of a file is signalled ``times`` as it is handed to the store."""
+    submitted = Ledger.submit_batches
+
+    def with_signal(ledger: Ledger, batches: Any) -> Iterator[Any]:
+        decided = submitted(ledger, batches)
+        yield next(decided)
+        _signal_self(signum, times)
+        yield from decided
+
+    monkeypatch.setattr(Ledger, "submit_batches", with_signal)
+
+
+def signalled_at_piped_batch(monkeypatch: pytest.MonkeyPatch, signum: int, times: int) -> None:
+    """The second batch from a pipe is signalled ``times`` as it is handed to the store."""
+    submitted = Ledger.submit_batch
+    handed = []
+
+    def with_signal(ledger: Ledger, items: Any) -> Any:
+        handed.append(items)
+        if len(handed) == 2:
+            _signal_self(signum, times)
+        return submitted(ledger, items)
+
+    monkeypatch.setattr(Ledger, "submit_batch", with_signal)
+
+
+@contextmanager
+def piped(text: str) -> Iterator[IO[bytes]]:
+    """A pipe holding ``text``, its writing end closed: read as a producer's stream."""
+    reading, writing = os.pipe()
+    with os.fdopen(writing, "wb") as producer:
+        producer.write(text.encode())
+    with os.fdopen(reading, "rb") as stream:
+        yield stream
+
+
+def submitted(url: str, how: str, tmp_path: Path, code: int) -> Any:
+    if how == "file":
+        source = tmp_path / "events.jsonl"
+        source.write_text(TEXT)
+        return invoke(["--store", url, "submit", str(source), "--batch", "2"], code=code)
+    with piped(TEXT) as stream:
+        return invoke(["--store", url, "submit", "-", "--batch", "2"], code=code, input=stream)
+
+
+def statuses_on_resubmitting(url: str, tmp_path: Path) -> list[str]:
+    """What a resubmission of the whole stream says of each line: kept ones are duplicates."""
+    source = tmp_path / "again.jsonl"
+    source.write_text(TEXT)
+    result = invoke(["--store", url, "submit", str(source)])
+    return [json.loads(line)["status"] for line in result.stdout.splitlines()]
+
+
+@pytest.mark.parametrize("how", ["file", "pipe"])
+@pytest.mark.parametrize(("signum", "code", "what", "again"), SIGNALS)
+def test_a_signal_while_a_batch_is_with_the_store_waits_for_it_then_says_exactly_what_is_kept(
+    store_url, tmp_path, monkeypatch, how, signum, code, what, again
+):
+    if how == "file":
+        signalled_at_batch(monkeypatch, signum, times=1)
+    else:
+        signalled_at_piped_batch(monkeypatch, signum, times=1)
+
+    result = submitted(store_url, how, tmp_path, code)
+
+    assert [json.loads(line)["line"] for line in result.stdout.splitlines()] == [1, 2, 3, 4]
+    assert result.stderr == (
+        f"{what}: stopping once the batch with the store is committed ({again} again to stop "
+        f"at once)\nError: {what}: every line up to 4 was decided and is kept as decided "
+        "(4 appended, 0 duplicate, 0 rejected, 0 invalid); no later line was kept\n")
+    monkeypatch.undo()
+    assert statuses_on_resubmitting(store_url, tmp_path) == ["duplicate"] * 4 + ["appended"] * 2
+
+
+@pytest.mark.parametrize("how", ["file", "pipe"])
+def test_a_second_signal_stops_at_once_and_says_the_batch_may_be_kept(
+    store_url, tmp_path, monkeypatch, how
+):
+    if how == "file":
+        signalled_at_batch(monkeypatch, signal.SIGINT, times=2)
+    else:
+        signalled_at_piped_batch(monkeypatch, signal.SIGINT, times=2)
+
+    result = submitted(store_url, how, tmp_path, 130)
+
+    assert [json.loads(line)["line"] for line in result.stdout.splitlines()] == [1, 2]
+    assert result.stderr == (
+        "interrupted: stopping once the batch with the store is committed (Ctrl-C again to "
+        "stop at once)\nError: interrupted: every line up to 2 was decided and is kept as "
+        "decided (2 appended, 0 duplicate, 0 rejected, 0 invalid); later ones may be kept too "
+        "(resubmit with ids to learn which: kept ones answer duplicate)\n")
+    monkeypatch.undo()
+    # Stopped before the batch was handed over: here none of it is kept.
+    assert statuses_on_resubmitting(store_url, tmp_path) == ["duplicate"] * 2 + ["appended"] * 4
+
+
+def test_a_signal_while_waiting_for_input_is_raised_at_once_as_settled(store_url, tmp_path):
+    """Nothing is with the store while a pipe is read: no wait, and the exact words."""
+    from commands import submit as submitting
+
+    arrived = submitting.Arrivals.take
+    calls = []
+
+    def interrupted_on_the_second_wait(arrivals: Any, most: int) -> Any:
+        calls.append(most)
+        if len(calls) == 2:
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(1)  # the handler raises here: it does not wait
+            raise AssertionError("the signal waited")
+        return arrived(arrivals, most)
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(submitting.Arrivals, "take", interrupted_on_the_second_wait)
+        result = submitted(store_url, "pipe", tmp_path, 130)
+
+    assert result.stderr == (
+        "Error: interrupted: every line up to 2 was decided and is kept as decided "
+        "(2 appended, 0 duplicate, 0 rejected, 0 invalid); no later line was kept\n")
