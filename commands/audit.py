@@ -47,23 +47,39 @@ class DigestType(click.ParamType):  # type: ignore[type-arg]  # generic from cli
     help="Replay up to this position and compare with the as-of state there "
     "(default: compare with the live tables).",
 )
+@click.option(
+    "--repair", is_flag=True,
+    help="Where the live tables differ, replace them with the replay at the head of the log "
+    "(tables dropped by hand are made again); exit 0 once repaired.",
+)
 @format_option
 @click.pass_context
-def replay(ctx: click.Context, to: int | None, fmt: str | None) -> None:
+def replay(ctx: click.Context, to: int | None, repair: bool, fmt: str | None) -> None:
     """Rebuild every projection from the log into scratch tables and compare
     them row by row with the live tables; report events/s and every difference.
 
-    The live tables are only read; the scratch tables (replay_…_) are dropped
-    afterwards. Exit 1 on any difference.
+    The live tables are only read, unless --repair is given; the scratch
+    tables (replay_…_) are dropped afterwards. Exit 1 on any difference
+    left unrepaired.
 
     \b
     alloc-ledger replay
     alloc-ledger replay --to 1200 --format json
+    alloc-ledger replay --repair
     """
+    if repair and to is not None:
+        raise click.UsageError(
+            "--repair replaces the live tables with the replay at the head of the log; "
+            "--to compares with the state at a position: give one of them")
     with opened(ctx) as store:
-        report = replay_projections(store, to)
+        report = replay_projections(store, to, repair)
     emit_object(report.as_dict(), fmt)
-    if not report.ok:
+    if report.repaired is not None:
+        count = len(report.differences)
+        click.echo(f"repaired: {count} difference{'s' if count != 1 else ''} with "
+             f"{report.compared_with}; the live tables now hold the replay of the log up to "
+             f"position {report.repaired}", err=True)
+    elif not report.ok:
         count = len(report.differences)
         raise click.ClickException(
             f"replay found {count} difference{'s' if count != 1 else ''} "

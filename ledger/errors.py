@@ -73,7 +73,8 @@ class TablesDisagree(LogEdited):
             f"the projection tables cannot apply the kept event at position "
             f"{refused.position} ({refused.violation}): they do not match the log up to "
             f"their tracking position {tracked} (was it lowered, or were they edited?); "
-            "alloc-ledger verify checks the log itself"
+            "alloc-ledger verify checks the log itself, and replay --repair makes the tables "
+            "again from it"
         )
 
 

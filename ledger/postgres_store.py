@@ -723,6 +723,17 @@ class PostgresStore:
         return self._transaction(
             partial(self._track_within, waits), pipelined=True, waits=waits, holder="projector's")
 
+    def repairing(self) -> Any:
+        """A write transaction holding the log's lock, then the tracking row's
+        (in the order an inline writer takes them): no writer appends and no
+        follower catches up until it ends."""
+        timeout = self.handoff.timeout  # not pipelined: it reads as it goes
+        return self._transaction(partial(self._lock_all, timeout), waits=timeout)
+
+    def _lock_all(self, waits: float, cursor: Any) -> None:
+        self._bounded(waits, cursor)
+        self.lock_log(cursor, tracking=True)
+
     def reading(self) -> Any:
         """A read-only transaction with one snapshot."""
         return self._transaction(self._snapshot)

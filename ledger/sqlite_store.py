@@ -401,6 +401,11 @@ class SQLiteStore:
         store's busy timeout, whatever ``waits`` says)."""
         return self.writing()
 
+    def repairing(self) -> Any:
+        """A write transaction: here, the projection tables are written only in
+        the writers' own (``BEGIN IMMEDIATE``)."""
+        return self.writing()
+
     @contextmanager
     def reading(self) -> Iterator[sqlite3.Cursor]:
         try:

@@ -97,6 +97,10 @@ class Store(Protocol):
         another projector at most ``waits`` seconds (None: as long as it takes)
         (``LockWaitedOut``)."""
 
+    def repairing(self) -> AbstractContextManager[Any]:
+        """A write transaction in which neither the log nor the projection
+        tables move: no writer appends, no projector catches up."""
+
     def reading(self) -> AbstractContextManager[Any]:
         """A read-only transaction with a consistent view."""
 

@@ -14,7 +14,8 @@ against
   answers ``--as-of`` queries), written to a second scratch prefix.
 
 Every difference is named by table, key and column. The live tables are
-only ever read; the scratch tables are dropped afterwards.
+only read, unless a repair is asked for (``projections.repair``); the
+scratch tables are dropped afterwards.
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ from ledger.records import Progress, check_read_whole, replay_log
 from ledger.store import Store
 from projections import tables
 from projections.asof import AsOf, head_within, rebuild
+from projections.repair import make_dropped_tables, replace_live
 from projections.rows import ChangedRows, Statements, changed_rows
 
 CHUNK = 50_000  # events replayed per transaction (SQLite writers wait for each)
@@ -78,6 +80,8 @@ class ReplayReport:
     events: int = 0
     seconds: float = 0.0
     differences: list[Difference] = field(default_factory=list)
+    repairing: bool = False  # asked to replace the live tables where they differ
+    repaired: int | None = None  # the position they were replaced at
 
     @property
     def ok(self) -> bool:
@@ -97,7 +101,7 @@ class ReplayReport:
             "seconds": round(self.seconds, 3),
             "events_per_second": self.events_per_second,
             "differences": [d.as_dict() for d in self.differences],
-        }
+        } | ({"repaired": self.repaired} if self.repairing else {})
 
 
 class Scratch:
@@ -167,10 +171,14 @@ class Scratch:
             self.store.write_rows(cursor, self.sql, changed)
 
 
-def replay(store: Store, to: int | None = None) -> ReplayReport:
+def replay(store: Store, to: int | None = None, repair: bool = False) -> ReplayReport:
     """Rebuild every projection from the log into scratch tables and compare
-    them with the live tables (or, with ``to``, with the as-of state there)."""
+    them with the live tables (or, with ``to``, with the as-of state there);
+    ``repair``: where they differ, replace the live tables with the replay at
+    the head of the log."""
     head = head_within(store, to, "--to")
+    if repair:
+        make_dropped_tables(store)
     prefix = f"replay_{secrets.token_hex(4)}_"
     scratch = Scratch(store, prefix)
     try:
@@ -178,6 +186,9 @@ def replay(store: Store, to: int | None = None) -> ReplayReport:
         report = _against_as_of(store, scratch, to, head) if to is not None else (
             _against_live(store, scratch)
         )
+        report.repairing = repair
+        if repair and not report.ok:
+            report.repaired = _repaired(store, scratch)
     finally:
         with store.projecting() as cursor:
             tables.drop(cursor, prefix)
@@ -221,6 +232,16 @@ def _against_decisions(store: Store, scratch: Scratch, report: ReplayReport) -> 
         scratch.replay_to(_ahead(head, scratch, "the head of the log"))
 
 
+def _repaired(store: Store, scratch: Scratch) -> int:
+    """Replace the live tables with the replay once it has caught up with the
+    head of the log; the position they then hold."""
+    while (position := replace_live(store, scratch)) is None:
+        with store.reading() as cursor:
+            head = store.head(cursor)
+        scratch.replay_to(_ahead(head, scratch, "the head of the log"))
+    return position
+
+
 def _ahead(target: int, scratch: Scratch, what: str) -> int:
     if target < scratch.position:
         raise LogEdited(
@@ -250,8 +271,8 @@ def compare(
     """Every difference between two sets of projection tables, by key; each is
     named by ``label`` (default: ``found``) and the table."""
     differences: list[Difference] = []
-    for relation in relations:
-        cursor.execute(f"SELECT * FROM {found}{relation} WHERE 1 = 0")
+    for relation in relations:  # the replay's columns: a DBA's extra one is not compared
+        cursor.execute(f"SELECT * FROM {expected}{relation} WHERE 1 = 0")
         columns = [d[0] for d in cursor.description if d[0] not in CLOCKED]
         differences += _compare_relation(
             cursor, relation, KEYS[relation], columns, expected, found,

@@ -739,4 +739,5 @@ def test_a_tracking_position_lowered_by_hand_is_named_not_the_log(
     assert line.startswith("Error: the projection tables cannot apply the kept event at position "), line
     assert line.endswith(
         "they do not match the log up to their tracking position 10 (was it lowered, or were "
-        "they edited?); alloc-ledger verify checks the log itself"), line
+        "they edited?); alloc-ledger verify checks the log itself, and replay --repair makes "
+        "the tables again from it"), line
