@@ -273,7 +273,7 @@ def describe(error: BaseException, hint: bool = True) -> str:
         r"permission denied for (table|view|sequence|relation) ", line
     ):  # not for a database or schema: creating a ledger asks for more
         return f"{line} ({ROLE_DENIED})"
-    return line
+    return tables.with_repair_hint(line) if hint else line
 
 
 # The ledger's tables and views but those a reporting role reads: the log

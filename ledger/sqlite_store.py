@@ -186,7 +186,7 @@ def describe(error: BaseException, path: str = "") -> str:
     if path and text == "unable to open database file":  # SQLite's words, for any reason
         folder = os.path.dirname(os.path.abspath(path))
         return f"{text} {os.path.abspath(path)} (may this user create files in {folder}?)"
-    return text
+    return tables.with_repair_hint(text)
 
 
 class SQLiteStore:

@@ -6,6 +6,7 @@ so that text order is time order in both databases; lists are JSON text.
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from ledger import model
@@ -280,3 +281,18 @@ def drop(cursor: object, prefix: str) -> None:
         cursor.execute(f"DROP VIEW IF EXISTS {prefix}{view}")  # type: ignore[attr-defined]
     for table in TABLES:
         cursor.execute(f"DROP TABLE IF EXISTS {prefix}{table}")  # type: ignore[attr-defined]
+
+
+# A database's words for a table or view that is not there: SQLite's, PostgreSQL's.
+MISSING = re.compile(r'no such table: (?:\w+\.)?(\w+)|relation "(?:\w+\.)?(\w+)" does not exist')
+DERIVED = frozenset({*TABLES, *VIEWS, *(f"state_{name}" for name in (*TABLES, *VIEWS))})
+
+
+def with_repair_hint(line: str) -> str:
+    """A database error naming a projection table (or view, or PostgreSQL's
+    ``state_`` copy) that is not there, with how to make it again."""
+    found = MISSING.search(line)
+    if found is None or (found.group(1) or found.group(2)) not in DERIVED:
+        return line
+    return (f"{line} (a projection table dropped by hand? alloc-ledger replay --repair "
+            "makes it again from the log)")
