@@ -114,20 +114,40 @@ BOUNDED = (
 APPEND_ONLY = [
     """CREATE TABLE IF NOT EXISTS event_ids (id TEXT PRIMARY KEY, position BIGINT NOT NULL)""",
     """CREATE TABLE IF NOT EXISTS event_hashes (position BIGINT PRIMARY KEY, hash TEXT NOT NULL)""",
-    """CREATE OR REPLACE FUNCTION refuse_change() RETURNS trigger LANGUAGE plpgsql AS $$
+]
+APPEND_ONLY_TABLES = ("stored_events", "event_hashes", "event_ids")
+# The body of the function every guard runs, as every store has it (one
+# replaced by hand is no guard).
+REFUSAL = """
        BEGIN
            RAISE EXCEPTION 'the event log is append-only: % on % refused', TG_OP, TG_TABLE_NAME
                USING ERRCODE = 'insufficient_privilege';
-       END $$""",
+       END """
+# The log, its hash chain and its client ids are append-only (a lost id would
+# let a retry append its event again): a trigger refuses UPDATE and DELETE,
+# another TRUNCATE, on each. A store made before the ids were guarded, or
+# whose guards were dropped or disabled by hand (to "fix a row"), or whose
+# function was dropped or replaced, is guarded again when next opened by a
+# role that may (the tables' owner). Each guard: its table, its name, and
+# what it refuses.
+GUARDED = [
+    (table, f"{table}_{name}", f"{refused} ON {table} FOR EACH {each}")
+    for table in APPEND_ONLY_TABLES
+    for name, refused, each in (
+        ("append_only", "UPDATE OR DELETE", "ROW"), ("no_truncate", "TRUNCATE", "STATEMENT"))
 ]
-APPEND_ONLY_TABLES = ("stored_events", "event_hashes", "event_ids")
-# Stores made before the client ids were guarded are guarded when next opened
-# by a role that may (the tables' owner); a lost id would let a retry append
-# its event again.
+GUARDS = [
+    f"CREATE OR REPLACE FUNCTION refuse_change() RETURNS trigger LANGUAGE plpgsql AS $${REFUSAL}$$",
+    *(f"CREATE OR REPLACE TRIGGER {name} BEFORE {refused} EXECUTE FUNCTION refuse_change()"
+      for _, name, refused in GUARDED),
+]
+
+
 class Found(NamedTuple):
     """What a schema holds: the schema version of its ledger (0: none),
-    whether its client ids are guarded, its OID (None: no such schema), and
-    whether the log's views (or what else holds their names) are there."""
+    whether all its guards are there as made (``GUARDED``), its OID (None:
+    no such schema), and whether the log's views (or what else holds their
+    names) are there."""
 
     version: int
     guarded: bool
@@ -135,12 +155,17 @@ class Found(NamedTuple):
     viewed: bool
 
 
-# What ``Found`` holds (the ledger's mark, the client ids' guards, the
-# schema's OID: see SCHEMA_LOCK, the log's views): one round trip for every open.
+# What ``Found`` holds (the ledger's mark, the guards: each trigger on its
+# table, enabled, running ``refuse_change`` with its body as made; the
+# schema's OID: see SCHEMA_LOCK; the log's views): one round trip for every open.
 FOUND = (
     "SELECT obj_description(to_regclass(%(hashes)s), 'pg_class'), "
-    "(SELECT COUNT(*) = 2 FROM pg_trigger WHERE tgrelid = to_regclass(%(ids)s) "
-    "AND tgname IN ('event_ids_append_only', 'event_ids_no_truncate')), "
+    "(SELECT COUNT(*) = cardinality(%(guards)s::text[]) FROM pg_trigger t "
+    "JOIN unnest(%(guarded)s::text[], %(guards)s::text[]) g(relation, name) "
+    "ON t.tgrelid = to_regclass(g.relation) AND t.tgname = g.name "
+    "JOIN pg_proc p ON p.oid = t.tgfoid "
+    "WHERE t.tgenabled <> 'D' AND p.oid = to_regprocedure(%(refusal)s) "
+    "AND p.prosrc = %(body)s), "
     "(SELECT oid::int4 FROM pg_namespace WHERE nspname = %(schema)s), "
     # a keyword (user, default) that the ledger's and the library's SQL write unquoted
     "quote_ident(%(schema)s) <> %(schema)s, "
@@ -155,15 +180,6 @@ FOUND = (
 # This one serializes creating and upgrading a schema; the default writers'
 # lead is ``ledger.postgres_handoff.LEADER_LOCK``.
 SCHEMA_LOCK = -275817905  # crc32("alloc-ledger:schema") as a signed int4
-
-
-def _triggers(table: str) -> list[str]:
-    return [
-        f"""CREATE OR REPLACE TRIGGER {table}_append_only BEFORE UPDATE OR DELETE ON {table}
-            FOR EACH ROW EXECUTE FUNCTION refuse_change()""",
-        f"""CREATE OR REPLACE TRIGGER {table}_no_truncate BEFORE TRUNCATE ON {table}
-            FOR EACH STATEMENT EXECUTE FUNCTION refuse_change()""",
-    ]
 
 
 class SyncingCursor(psycopg.Cursor[Any]):
@@ -584,7 +600,7 @@ class PostgresStore:
         return found
 
     def _mend(self, connection: psycopg.Connection[Any]) -> None:
-        """Guard the client ids of a store made before they were, and make the
+        """Make again the guards (``GUARDS``) of a store that lacks any, and the
         log's views it lacks (another process may be doing it too: under the
         schema's lock, look again)."""
         try:
@@ -593,7 +609,7 @@ class PostgresStore:
                     "SELECT pg_advisory_xact_lock(%s, %s)", (SCHEMA_LOCK, self.schema_oid))
                 found = self._found(connection)
                 if not found.guarded:
-                    for statement in _triggers("event_ids"):
+                    for statement in GUARDS:
                         connection.execute(statement)
                 if not found.viewed:
                     with connection.cursor() as cursor:
@@ -611,8 +627,11 @@ class PostgresStore:
     def _found(self, connection: psycopg.Connection[Any]) -> Found:
         """What the schema holds (``Found``)."""
         names = {
-            "hashes": f"{self.schema}.event_hashes", "ids": f"{self.schema}.event_ids",
-            "schema": self.schema, "log_views": list(tables.LOG_VIEWS),
+            "hashes": f"{self.schema}.event_hashes", "schema": self.schema,
+            "guarded": [f"{self.schema}.{table}" for table, _, _ in GUARDED],
+            "guards": [name for _, name, _ in GUARDED],
+            "refusal": f"{self.schema}.refuse_change()", "body": REFUSAL,
+            "log_views": list(tables.LOG_VIEWS),
         }
         try:
             row = connection.execute(FOUND, names).fetchone()
@@ -637,11 +656,8 @@ class PostgresStore:
         finally:
             datastore.close()
         with connection.transaction(), connection.cursor() as cursor:
-            for statement in APPEND_ONLY:
+            for statement in APPEND_ONLY + GUARDS:
                 cursor.execute(statement)
-            for table in APPEND_ONLY_TABLES:
-                for statement in _triggers(table):
-                    cursor.execute(statement)
             for prefix in ("", STATE_PREFIX):
                 tables.create(cursor, self.dialect, prefix=prefix)
                 tables.upgrade(cursor, self.dialect, prefix=prefix)  # made by an earlier version

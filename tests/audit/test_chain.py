@@ -707,19 +707,73 @@ def test_digest_refuses_a_head_whose_kept_hash_does_not_follow(attack: Attack, w
         "and the hash before it; run `alloc-ledger verify` to see where the log was tampered with")
 
 
+# How a DBA takes a guard away by hand "to fix a row": on PostgreSQL every
+# trigger runs one function, which can be dropped (with its triggers) or
+# replaced, and a trigger can be disabled rather than dropped.
+UNGUARDING = {
+    "every guard dropped": ("sqlite", "postgresql"),
+    "its update guard dropped": ("sqlite", "postgresql"),
+    "its guards disabled": ("postgresql",),
+    "the guards' function dropped": ("postgresql",),
+    "the guards' function replaced": ("postgresql",),
+}
+UNCHANGED = {"stored_events": "topic", "event_hashes": "hash", "event_ids": "position"}
+
+
+def unguard(attacker: Attacker, how: str, table: str) -> None:
+    sqlite = attacker.target.dialect == "sqlite"
+    if how == "every guard dropped":
+        attacker.drop_guards()
+    elif how == "its update guard dropped":
+        attacker.sql(f"DROP TRIGGER {table}_append_only_update" if sqlite else
+                     f"DROP TRIGGER {table}_append_only ON {table}")
+    elif how == "its guards disabled":
+        attacker.sql(f"ALTER TABLE {table} DISABLE TRIGGER USER")
+    elif how == "the guards' function dropped":
+        attacker.sql("DROP FUNCTION refuse_change() CASCADE")
+    else:
+        attacker.sql("CREATE OR REPLACE FUNCTION refuse_change() RETURNS trigger "
+                     "LANGUAGE plpgsql AS $$ BEGIN RETURN COALESCE(NEW, OLD); END $$")
+
+
+def refused(target: StoreUnderTest) -> type[Exception]:
+    """What the database raises for a statement a guard refuses."""
+    if target.dialect == "sqlite":
+        return sqlite3.IntegrityError
+    import psycopg
+
+    return psycopg.errors.InsufficientPrivilege
+
+
 @pytest.mark.parametrize("table", ["stored_events", "event_hashes", "event_ids"])
-def test_guards_dropped_by_hand_are_made_again_when_the_store_is_next_opened(
-    sqlite_under_test: StoreUnderTest, table: str,
+@pytest.mark.parametrize(("dialect", "how"), [
+    pytest.param(dialect, how, marks=[pytest.mark.postgres] if dialect == "postgresql" else [])
+    for how, dialects in UNGUARDING.items() for dialect in dialects
+])
+def test_guards_taken_away_by_hand_are_made_again_when_the_store_is_next_opened(
+    request: pytest.FixtureRequest, dialect: str, how: str, table: str,
 ) -> None:
     """A DBA who drops a trigger to "fix a row" does not leave the log
-    unguarded: the next command that opens the store guards it again."""
-    attacker = simulated_and_unguarded(sqlite_under_test, 20)
-    assert attacker.sql("SELECT count(*) FROM sqlite_master WHERE type = 'trigger'") == [(0,)]
+    unguarded: the next command that opens the store guards it again, and
+    the log, untouched, still verifies."""
+    target = request.getfixturevalue("sqlite_under_test" if dialect == "sqlite" else "pg_under_test")
+    with Ledger.open(target.url) as ledger:
+        list(ledger.submit_many(texts(history(20, nodes=4)), batch=20))
+    attacker = Attacker(target)
+    unchanged = f"UPDATE {table} SET {UNCHANGED[table]} = {UNCHANGED[table]}"
+    with pytest.raises(refused(target), match="the event log is append-only"):
+        attacker.sql(unchanged)
+    unguard(attacker, how, table)
+    attacker.sql(unchanged)  # unguarded: let through
 
-    assert run("query", "nodes", url=sqlite_under_test.url).returncode == 0
+    assert run("query", "nodes", url=target.url).returncode == 0
 
-    with pytest.raises(sqlite3.IntegrityError, match="the event log is append-only"):
-        attacker.sql(f"DELETE FROM {table}")
+    for statement in (unchanged, f"DELETE FROM {table}",
+                      *([f"TRUNCATE {table}"] if dialect == "postgresql" else [])):
+        with pytest.raises(refused(target), match="the event log is append-only"):
+            attacker.sql(statement)
+    checked = run("verify", url=target.url)
+    assert checked.returncode == 0, checked.stderr
 
 
 def test_a_tracking_position_lowered_by_hand_is_named_not_the_log(
