@@ -169,6 +169,63 @@ def test_as_of_and_history_read_the_log(store_url, alloc_ledger):
     ]
 
 
+
+def answers(cluster) -> list[tuple]:
+    """Every projection row of a replayed cluster, in a stable order."""
+    from projections.asof import materialize
+
+    connection = materialize(cluster)
+    try:
+        return [row for table in sorted(DECISION_TABLES + ("alloc_states", "rejections"))
+                for row in connection.execute(f"SELECT * FROM {table} ORDER BY 1, 2")]
+    finally:
+        connection.close()
+
+
+@pytest.mark.parametrize("rewritten", ["its bytes", "readable text"])
+def test_a_checkpoint_whose_state_was_rewritten_as_text_is_replaced_by_the_next_as_of_query(
+    store_url, request, tables, monkeypatch, rewritten
+):
+    """A DBA or a tool rewrote a checkpoint's state as TEXT (on SQLite one
+    row's; on PostgreSQL the column's type, so every row's): the as-of query
+    that passes over it answers right from an earlier start, drops it and
+    keeps a fresh one, from which the next as-of query starts."""
+    from projections.asof import AsOf, rebuild
+
+    with Ledger.open(store_url) as ledger:
+        list(ledger.submit_many(list(generate(60, nodes=5, slots=2, seed=4)), batch=7))
+        rebuild(ledger.store, AsOf(position=40), every=10)
+    if store_url.startswith("postgres"):
+        schema = request.getfixturevalue("pg_schema")
+        request.getfixturevalue("pg_admin")(
+            f"ALTER TABLE {schema}.checkpoints ALTER COLUMN state TYPE text"
+            + ("" if rewritten == "its bytes" else " USING encode(state, 'base64')"))
+    else:
+        with contextlib.closing(sqlite3.connect(urlsplit(store_url).path[1:])) as db, db:
+            db.execute("UPDATE checkpoints SET state = "
+                       + ("CAST(state AS TEXT)" if rewritten == "its bytes" else "hex(state)")
+                       + " WHERE position = 40")
+    store = open_store(store_url)
+    starts: list[int] = []  # where each stretch of a replay starts reading the log
+    read_log = store.read_log
+    monkeypatch.setattr(store, "read_log", lambda after, upto=None: (
+        starts.append(after), read_log(after, upto))[1])
+    try:
+        first, _ = rebuild(store, AsOf(position=45), every=10)
+        first_start, starts[:] = starts[0], []
+        second, _ = rebuild(store, AsOf(position=45), every=10)
+        second_start = starts[0]
+        scratch, _ = rebuild(store, AsOf(position=45), every=0)
+    finally:
+        store.close()
+
+    assert first_start == (0 if store_url.startswith("postgres") else 30)  # passed over
+    assert second_start == 40  # the fresh one
+    assert answers(first) == answers(second) == answers(scratch)
+    assert [r["position"] for r in tables(store_url).rows(
+        "SELECT position FROM checkpoints ORDER BY 1")] == [10, 20, 30, 40]
+
+
 GUARDED = [
     "UPDATE stored_events SET topic = 'forged'",
     "DELETE FROM stored_events",
