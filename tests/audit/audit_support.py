@@ -11,6 +11,7 @@ from __future__ import annotations
 import io
 import json
 import os
+import random
 import signal
 import sqlite3
 import subprocess
@@ -19,12 +20,17 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO
 
+import orjson
+
 ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))  # for scripts.simulate
 
 from pg_support import pg_dsn
 
+from ledger.chain import GENESIS, Digest, link
+from ledger.model import RULES
+from ledger.store import Store
 from scripts.simulate import generate
 
 PG = pg_dsn()
@@ -177,3 +183,166 @@ def sqlite_store(directory: Path, name: str = "ledger.db") -> StoreUnderTest:
     return StoreUnderTest(f"sqlite:///{path}", "sqlite", path=path)
 
 
+# -- an attacker with access to the database ------------------------------------
+
+
+class Attacker:
+    """Raw SQL on the stored log, guards dropped, as someone with file access."""
+
+    def __init__(self, target: StoreUnderTest) -> None:
+        self.target = target
+        self.sql = target.sql
+        self.events = self._events_table()
+
+    def _events_table(self) -> str:
+        if self.target.dialect == "sqlite":
+            return "stored_events"
+        found = self.sql(
+            "SELECT table_name FROM information_schema.columns WHERE "
+            "table_schema = current_schema() AND column_name = 'originator_version'"
+        )
+        assert found, "no table of stored events in the schema"
+        return str(found[0][0])
+
+    def drop_guards(self) -> None:
+        guarded = (self.events, "event_hashes", "event_ids")
+        if self.target.dialect == "sqlite":
+            for (name,) in self.sql(
+                "SELECT name FROM sqlite_master WHERE type = 'trigger' AND tbl_name IN (?, ?, ?)",
+                guarded,
+            ):
+                self.sql(f'DROP TRIGGER "{name}"')
+            return
+        for name, table in self.sql(
+            "SELECT tgname, tgrelid::regclass::text FROM pg_trigger WHERE NOT tgisinternal "
+            "AND tgrelid IN (to_regclass(?), to_regclass(?), to_regclass(?))", guarded,
+        ):
+            self.sql(f'DROP TRIGGER "{name}" ON {table}')
+        for name, table in self.sql(
+            "SELECT rulename, tablename FROM pg_rules WHERE schemaname = current_schema() "
+            "AND tablename IN (?, ?, ?)", guarded,
+        ):
+            self.sql(f'DROP RULE "{name}" ON {table}')
+
+    def keep(self) -> None:
+        self.sql(f"CREATE TABLE kept_events AS SELECT * FROM {self.events}")
+        self.sql("CREATE TABLE kept_hashes AS SELECT * FROM event_hashes")
+        self.sql("CREATE TABLE kept_ids AS SELECT * FROM event_ids")
+
+    def restore(self) -> None:
+        self.drop_guards()
+        self.sql(f"DELETE FROM {self.events}")
+        self.sql(f"INSERT INTO {self.events} SELECT * FROM kept_events")
+        self.sql("DELETE FROM event_hashes")
+        self.sql("INSERT INTO event_hashes SELECT * FROM kept_hashes")
+        self.sql("DELETE FROM event_ids")
+        self.sql("INSERT INTO event_ids SELECT * FROM kept_ids")
+
+    def head(self) -> int:
+        return int(self.sql(f"SELECT MAX(originator_version) FROM {self.events}")[0][0] or 0)
+
+    def event(self, position: int) -> tuple[str, bytes]:
+        topic, state = self.sql(
+            f"SELECT topic, state FROM {self.events} WHERE originator_version = ?", (position,)
+        )[0]
+        return str(topic), bytes(state)
+
+    # -- tampering ---------------------------------------------------------------
+
+    def edit(self, position: int, rng: random.Random) -> None:
+        """Change one byte of an event's stored payload."""
+        _, state = self.event(position)
+        at = rng.randrange(len(state))
+        forged = state[:at] + bytes([(state[at] + rng.randrange(1, 255)) % 256]) + state[at + 1:]
+        self.sql(f"UPDATE {self.events} SET state = ? WHERE originator_version = ?",
+                 (forged, position))
+
+    def delete(self, position: int) -> None:
+        self.sql(f"DELETE FROM {self.events} WHERE originator_version = ?", (position,))
+
+    def insert(self, position: int) -> None:
+        """Slip a forged event in at a position, moving the later ones up."""
+        self.sql(f"UPDATE {self.events} SET originator_version = -(originator_version + 1) "
+                 "WHERE originator_version >= ?", (position,))
+        self.sql(f"UPDATE {self.events} SET originator_version = -originator_version "
+                 "WHERE originator_version < 0")
+        _, state = self.event(position + 1)
+        self.sql(
+            f"INSERT INTO {self.events} (originator_id, originator_version, topic, state) "
+            f"SELECT originator_id, ?, 'node-removed', ? FROM {self.events} "
+            "WHERE originator_version = ?",
+            (position, state.replace(b'"type":"', b'"type":"x', 1), position + 1),
+        )
+
+    def append_unchained(self, event: dict[str, Any]) -> int:
+        """Append a well-formed event after the head, kept as the ledger keeps
+        one, but without its chain hash."""
+        head = self.head()
+        topic, _ = self.event(1)  # a node registered: appended
+        state = orjson.dumps({"event": event, "recorded_at": event["at"], "rules": RULES})
+        self.sql(
+            f"INSERT INTO {self.events} (originator_id, originator_version, topic, state) "
+            f"SELECT originator_id, ?, ?, ? FROM {self.events} WHERE originator_version = 1",
+            (head + 1, topic, state),
+        )
+        return head + 1
+
+    def swap(self, first: int, second: int) -> None:
+        one, two = self.event(first), self.event(second)
+        for position, (topic, state) in ((first, two), (second, one)):
+            self.sql(f"UPDATE {self.events} SET topic = ?, state = ? WHERE originator_version = ?",
+                     (topic, state, position))
+
+    def drop_hash(self, position: int) -> None:
+        self.sql("DELETE FROM event_hashes WHERE position = ?", (position,))
+
+    def extra_hash(self, position: int) -> None:
+        self.sql("INSERT INTO event_hashes (position, hash) VALUES (?, ?)", (position, "ab" * 32))
+
+    def edit_hash(self, position: int) -> None:
+        self.sql("UPDATE event_hashes SET hash = ? WHERE position = ?", ("cd" * 32, position))
+
+    def rewrite(self, position: int, rng: random.Random) -> None:
+        """Edit an event and recompute every chain hash after it: the kept
+        chain is consistent again; only a digest kept elsewhere tells."""
+        self.drop_guards()  # again: opening the store since may have put the ids' back
+        self.sql("DELETE FROM event_ids WHERE position = ?", (position,))
+        self.edit(position, rng)
+        client = readable_id(self.event(position)[1])
+        if client is not None:
+            self.sql("INSERT INTO event_ids (id, position) VALUES (?, ?)", (client, position))
+        previous = GENESIS
+        if position > 1:
+            previous = str(self.sql("SELECT hash FROM event_hashes WHERE position = ?",
+                                    (position - 1,))[0][0])
+        for at in range(position, self.head() + 1):
+            topic, state = self.event(at)
+            previous = link(previous, at, topic, state)
+            self.sql("UPDATE event_hashes SET hash = ? WHERE position = ?", (previous, at))
+
+    def truncate(self, count: int) -> None:
+        """Cut the last events off, hashes and client ids all."""
+        self.drop_guards()
+        last = self.head()
+        self.sql(f"DELETE FROM {self.events} WHERE originator_version > ?", (last - count,))
+        self.sql("DELETE FROM event_hashes WHERE position > ?", (last - count,))
+        self.sql("DELETE FROM event_ids WHERE position > ?", (last - count,))
+
+
+def readable_id(state: bytes) -> str | None:
+    """The client id in a kept state, as ``verify`` reads it (None if unreadable)."""
+    try:
+        found = orjson.loads(state)["event"].get("id")
+    except (ValueError, LookupError, TypeError, AttributeError):
+        return None
+    return found if isinstance(found, str) else None
+
+
+@dataclass
+class Attack:
+    """A log with a digest kept elsewhere, and an attacker who dropped its guards."""
+
+    target: StoreUnderTest
+    store: Store
+    digest: Digest
+    attacker: Attacker
