@@ -122,6 +122,21 @@ class OutOfRange(BadOption):
     """A position given for a range of history that the log does not hold."""
 
 
+class Unreadable(LogEdited):
+    """A kept event that cannot be read as the ledger keeps one: its stored
+    JSON, or the event in it, is not as the ledger wrote it (``problem``
+    says how, in the ledger's words: ``ledger.readable``)."""
+
+    def __init__(self, position: int | None, problem: str) -> None:
+        where = "a kept event" if position is None else f"the kept event at position {position}"
+        super().__init__(
+            f"{where} cannot be read: {problem}; alloc-ledger verify checks whether the log "
+            "was edited"
+        )
+        self.position = position
+        self.problem = problem
+
+
 class PositionMissing(LogEdited):
     """Positions are gapless: one that is not in the log was deleted."""
 

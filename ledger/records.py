@@ -17,14 +17,17 @@ import orjson
 
 from ledger.domain import AlreadyPlaced, Cluster
 from ledger.errors import (
+    LedgerError,
     LogEdited,
     LogEndsEarly,
     PositionMissing,
     Refused,
     RulesTooNew,
     RuleViolation,
+    Unreadable,
 )
 from ledger.model import RULES, Fact
+from ledger.readable import check, event_problem, inapplicable, unreadable
 from ledger.store import Kept, LoggedEvent, logged
 
 REJECTED = "rejected"
@@ -65,19 +68,36 @@ def encode(record: Record) -> LoggedEvent:
 
 
 def decode(stored: Kept) -> Record:
+    """A kept event as a Record (``Unreadable`` if it cannot be one); its
+    event is not checked: applying it does that (``replay``), or ``read``."""
+    try:
+        return _record(stored, orjson.loads(stored.state))
+    except (ValueError, LookupError, TypeError, AttributeError):
+        raise unreadable(stored.originator_version, stored.state) from None
+
+
+def read(stored: Kept) -> Record:
+    """``decode``, and check the kept event is as the ledger keeps one
+    (``Unreadable`` if not): for readers of a few events (``history``),
+    which apply none, so that nothing else would tell them."""
     try:
         state = orjson.loads(stored.state)
-        return Record(
-            stored.originator_version,
-            stored.topic,
-            state["event"],
-            state["recorded_at"],
-            state.get("touches", []),
-            state.get("reason"),
-            rules_of(state, stored.originator_version),
-        )
-    except (ValueError, LookupError, TypeError) as error:
-        raise unreadable(stored.originator_version, error) from None
+    except ValueError:
+        raise unreadable(stored.originator_version, stored.state) from None
+    check(stored.originator_version, state)
+    return _record(stored, state)
+
+
+def _record(stored: Kept, state: dict[str, Any]) -> Record:
+    return Record(
+        stored.originator_version,
+        stored.topic,
+        state["event"],
+        state["recorded_at"],
+        state.get("touches", []),
+        state.get("reason"),
+        rules_of(state, stored.originator_version),
+    )
 
 
 def replay(cluster: Cluster, record: Record) -> None:
@@ -88,9 +108,9 @@ def replay(cluster: Cluster, record: Record) -> None:
     try:
         cluster.apply(record.event, record.fact)
     except (RuleViolation, AlreadyPlaced) as violation:  # a placement kept once already
-        raise Refused(record.position, violation) from None
-    except (ValueError, LookupError, TypeError) as error:  # its type or a field edited
-        raise unreadable(record.position, error) from None
+        raise refused(record.position, record.event, violation) from None
+    except (ValueError, LookupError, TypeError, AttributeError):  # its type or a field edited
+        raise inapplicable(record.position, record.event) from None
 
 
 @dataclass(slots=True)
@@ -135,13 +155,23 @@ def replay_log(
                 cluster.apply(event, fact)
             if at > max_at:  # noqa: PLR1730 - a call per event costs more
                 max_at = at
-    except (ValueError, LookupError, TypeError) as error:
+    except (ValueError, LookupError, TypeError, AttributeError):
         # a kept event that is not as it was kept: the log was edited
-        raise unreadable(None if stored is None else stored.originator_version, error) from None
+        if stored is None:
+            raise unreadable(None, None) from None
+        raise unreadable(stored.originator_version, stored.state) from None
     except (RuleViolation, AlreadyPlaced) as violation:  # a placement kept once already
         assert stored is not None
-        raise Refused(stored.originator_version, violation) from None
+        raise refused(stored.originator_version, event, violation) from None
     progress.position, progress.max_at = position, max_at
+
+
+def refused(position: int, event: Any, violation: LedgerError) -> LogEdited:
+    """A kept event its own rules refuse on replay: one not as the ledger
+    keeps one (a field edited to null) cannot be read; any other was decided
+    against tables that did not match the log before it."""
+    problem = event_problem(event)
+    return Refused(position, violation) if problem is None else Unreadable(position, problem)
 
 
 def gapless(log: Iterable[Kept], after: int = 0) -> Iterator[Kept]:
@@ -179,12 +209,3 @@ def rules_of(state: dict[str, Any], position: int) -> int:
     if rules > RULES:
         raise RulesTooNew(position, rules, RULES)
     return rules
-
-
-def unreadable(position: int | None, error: Exception) -> LogEdited:
-    """A kept event that is not as it was kept: the log was edited (or a bug)."""
-    where = "a kept event" if position is None else f"the kept event at position {position}"
-    return LogEdited(
-        f"{where} cannot be read ({type(error).__name__}: {error}); "
-        "alloc-ledger verify checks whether the log was edited"
-    )
