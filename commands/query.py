@@ -15,7 +15,7 @@ from ledger.errors import counted
 from ledger.model import LIVE, TERMINAL, timestamp
 from ledger.store import Store
 from projections.asof import AsOf, head_within, moment_of, rebuild, state_at
-from projections.history import history as history_of
+from projections.history import search as history_of
 from projections.projector import Projector
 from projections.queries import COLUMNS, Queries
 
@@ -204,10 +204,11 @@ def alloc(ctx: click.Context, as_of: str | None, fmt: str | None, alloc_id: str)
         history = history_of(store, alloc_id, position)
     if found is None:
         when = "" if position is None else f" at position {position}"
-        also = (f" (events name it: alloc-ledger query history {alloc_id})" if history else "")
+        also = (f" (events name it: alloc-ledger query history {alloc_id})" if history.rows else "")
         raise click.ClickException(f"allocation {alloc_id} is not in the ledger{when}{also}")
-    found["history"] = history
+    found["history"] = history.rows
     emit_object(found, fmt)
+    history.check_whole()  # after the answer, as a failed check's report comes first
 
 
 @_named("addresses", """Held addresses: held, or releasing once a stop or removal is requested.
@@ -236,6 +237,9 @@ def rejections(ctx: click.Context, as_of: str | None, fmt: str | None) -> None:
 
 @_named("history", """Every event and rejection touching a node, allocation, slot (n1#0) or address.
 
+    Positions missing from the log, or events found that cannot be read, are
+    named on stderr after the history (exit 1): it may be incomplete.
+
     Example: alloc-ledger query history n1#0""")
 @click.argument(
     "entity", type=NameType("a node, allocation, slot (n1#0) or address"))
@@ -247,10 +251,11 @@ def history(ctx: click.Context, as_of: str | None, fmt: str | None, entity: str)
             _within_the_log(store, point)
             upto = point.position if point.at is None else rebuild(store, point)[1]
         found = history_of(store, entity, upto)
-    if not found:  # a mistyped name must not read as a quiet history
+    if not found.rows and found.whole:  # a mistyped name must not read as a quiet history
         when = "" if upto is None else f" at position {upto}"
         raise click.ClickException(f"no event or rejection names {entity}{when}")
-    emit(found, COLUMNS["history"], fmt)
+    emit(found.rows, COLUMNS["history"], fmt)
+    found.check_whole()  # what it lacks, after what it found (exit 1, as a failed check)
 
 
 COMMANDS = [query]

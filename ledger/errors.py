@@ -137,6 +137,32 @@ class Unreadable(LogEdited):
         self.problem = problem
 
 
+class HistoryIncomplete(LogEdited):
+    """A history searched in a log that lacks positions (deleted), or whose
+    search found events that cannot be read: what it lists may not be all."""
+
+    def __init__(
+        self, entity: str, upto: int | None, missing: list[tuple[int, int]],
+        unreadable: list[Unreadable],
+    ) -> None:
+        parts = []
+        if missing:
+            count = sum(last - first + 1 for first, last in missing)
+            parts.append(f"{spans(missing)} {'is' if count == 1 else 'are'} missing from the log")
+        if len(unreadable) == 1:
+            parts.append(f"the kept event at position {unreadable[0].position} cannot be read "
+                         f"({unreadable[0].problem})")
+        elif unreadable:
+            at = [str(error.position) for error in unreadable]
+            parts.append(f"{len(unreadable)} kept events that may name it cannot be read (at "
+                         f"positions {first_few(at)}; the first: {unreadable[0].problem})")
+        when = "" if upto is None else f" up to position {upto}"
+        super().__init__(
+            f"the history of {entity}{when} may be incomplete: {'; '.join(parts)}; "
+            "alloc-ledger verify checks whether the log was edited"
+        )
+
+
 class PositionMissing(LogEdited):
     """Positions are gapless: one that is not in the log was deleted."""
 
@@ -201,6 +227,19 @@ PLURAL_FIELDS = ("addresses", "slots")
 def first_few(names: list[str], most: int = 3) -> str:
     """``a, b, c, …``: the first few of a list a message names."""
     return ", ".join(names[:most]) + (", …" if len(names) > most else "")
+
+
+def spans(ranges: list[tuple[int, int]], most: int = 3) -> str:
+    """``position 7``, ``positions 7 to 9, 12 and 20``: positions in ranges
+    (first, last), the first few named, with how many in all past them."""
+    count = sum(last - first + 1 for first, last in ranges)
+    named = [str(first) if first == last else f"{first} to {last}" for first, last in ranges]
+    if count == 1:
+        return f"position {named[0]}"
+    if len(named) > most:
+        return f"positions {', '.join(named[:most])}, … ({count} in all)"
+    listed = named[0] if len(named) == 1 else f"{', '.join(named[:-1])} and {named[-1]}"
+    return f"positions {listed}"
 
 
 def counted(count: int, noun: str) -> str:

@@ -905,15 +905,15 @@ class PostgresStore:
         except (psycopg.Error, PersistenceError) as error:
             raise StoreUnavailable(f"store {self.shown}: {describe(error)}") from None
 
-    def search_log(self, cursor: Any, needle: str) -> list[tuple[int, str, bytes]]:
+    def search_log(self, cursor: Any, needle: str, upto: int | None) -> list[LoggedEvent]:
         cursor.execute(
             "SELECT originator_version, topic, COALESCE(state, ''::bytea) FROM stored_events "
             "WHERE originator_id = %s AND originator_version >= 1 "  # a row inserted before 1: not the log's
-            "AND position(%s::bytea IN state) > 0 "
-            "ORDER BY originator_version",
+            + ("" if upto is None else f"AND originator_version <= {int(upto)} ")
+            + "AND position(%s::bytea IN state) > 0 ORDER BY originator_version",
             (self.stream, needle.encode()),
         )
-        return [(row[0], row[1], bytes(row[2])) for row in cursor.fetchall()]
+        return [logged((row[0], row[1], bytes(row[2]))) for row in cursor.fetchall()]
 
     # -- following and reporting (PostgreSQL only) ----------------------------
 

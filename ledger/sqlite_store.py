@@ -501,15 +501,15 @@ class SQLiteStore:
                 return
             after = page[-1][0]
 
-    def search_log(self, cursor: Any, needle: str) -> list[tuple[int, str, bytes]]:
+    def search_log(self, cursor: Any, needle: str, upto: int | None) -> list[LoggedEvent]:
         cursor.execute(
             "SELECT originator_version, topic, COALESCE(CAST(state AS BLOB), x'') FROM stored_events "
             "WHERE originator_id = ? AND originator_version >= 1 "  # a row inserted before 1: not the log's
-            "AND instr(CAST(state AS BLOB), ?) > 0 "
-            "ORDER BY originator_version",
+            + ("" if upto is None else f"AND originator_version <= {int(upto)} ")
+            + "AND instr(CAST(state AS BLOB), ?) > 0 ORDER BY originator_version",
             (self.stream, needle.encode()),
         )
-        return [(row[0], row[1], bytes(row[2])) for row in cursor.fetchall()]
+        return [logged((row[0], row[1], bytes(row[2]))) for row in cursor.fetchall()]
 
     def close(self) -> None:
         self.datastore.close()

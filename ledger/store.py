@@ -145,8 +145,9 @@ class Store(Protocol):
     def read_log(self, after: int, upto: int | None = None) -> Iterator[LoggedEvent]:
         """Stored events after a position, in order, read page by page."""
 
-    def search_log(self, cursor: Any, needle: str) -> list[tuple[int, str, bytes]]:
-        """Events whose stored form contains a text (for ``history``)."""
+    def search_log(self, cursor: Any, needle: str, upto: int | None) -> list[LoggedEvent]:
+        """The events from position 1 (to ``upto``) whose stored form
+        contains a text (for ``history``), in order."""
 
     def close(self) -> None: ...
 
