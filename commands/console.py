@@ -79,12 +79,14 @@ def terminated_as_interrupted() -> Iterator[None]:
 class Held:
     """Ctrl-C, SIGTERM and SIGHUP for a command that hands batches to the
     store (``installed()``): one that comes while a batch is with the store
-    (``holding()``) waits for it, and is raised at the next ``settle()``,
-    once the caller has reported that batch's results. Then every line up to
+    or its results are not yet counted (``holding()`` to ``release()``)
+    waits for it, and is raised at the next ``settle()``, once the caller
+    has reported that batch's results. Then every line up to
     them is kept as reported, and none after (``Signalled.settled``). A
-    second one while the batch is still with the store is raised at once,
-    not settled: the batch may be kept or not (a store that hangs can always
-    be left). One that comes while no batch is with the store (reading the
+    second one while the batch is still held is raised at once, not settled:
+    the batch may be kept or not (a store that hangs can be left, as soon as
+    the store hands control back: SQLite's wait for a lock runs to its busy
+    timeout). One that comes while no batch is with the store (reading the
     input, printing) is raised at once, settled."""
 
     def __init__(self) -> None:
@@ -101,14 +103,22 @@ class Held:
 
     @contextmanager
     def holding(self) -> Iterator[None]:
+        """A batch is handed to the store: held from here until the caller has
+        counted its results (``release()``), or until it fails."""
         self.held = True
         try:
             yield
-        finally:
+        except BaseException:
             self.held = False
+            raise
+
+    def release(self) -> None:
+        """The batch's results are counted: a signal need wait no longer."""
+        self.held = False
 
     def settle(self) -> None:
         """Raise a signal that waited for a batch, now that it is reported."""
+        self.release()
         if self.pending is not None:
             signum, self.pending = self.pending, None
             raise Signalled(signum)
@@ -117,8 +127,8 @@ class Held:
         if self.held and self.pending is None:
             self.pending = signum
             again = "Ctrl-C" if signum == signal.SIGINT else "the signal"
-            _say(f"{_what(signum)}: stopping once the batch with the store is committed "
-                 f"({again} again to stop at once)")
+            _say(f"{_what(signum)}: stopping once the batch with the store is committed; "
+                 f"{again} again to stop sooner (then whether it is kept is not known)")
             return
         raise Signalled(signum, settled=not self.held)
 

@@ -337,6 +337,8 @@ def _print(
                 if receipt.status == "duplicate" and not receipt.ok:
                     tally[OF_REJECTED] += 1
             done = (tally, batch[-1][0] if batch else done[1])
+            if held is not None:
+                held.release()  # counted: a signal now stops at once, and says so
             _out("" if quiet else "".join(_result_line(n, receipt) for n, receipt in batch), batch)
             if progress and time.monotonic() - shown > 0.2:
                 shown = time.monotonic()

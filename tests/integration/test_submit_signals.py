@@ -107,8 +107,8 @@ def test_a_signal_while_a_batch_is_with_the_store_waits_for_it_then_says_exactly
 
     assert [json.loads(line)["line"] for line in result.stdout.splitlines()] == [1, 2, 3, 4]
     assert result.stderr == (
-        f"{what}: stopping once the batch with the store is committed ({again} again to stop "
-        f"at once)\nError: {what}: every line up to 4 was decided and is kept as decided "
+        f"{what}: stopping once the batch with the store is committed; {again} again to stop "
+        f"sooner (then whether it is kept is not known)\nError: {what}: every line up to 4 was decided and is kept as decided "
         "(4 appended, 0 duplicate, 0 rejected, 0 invalid); no later line was kept\n")
     monkeypatch.undo()
     assert statuses_on_resubmitting(store_url, tmp_path) == ["duplicate"] * 4 + ["appended"] * 2
@@ -127,8 +127,8 @@ def test_a_second_signal_stops_at_once_and_says_the_batch_may_be_kept(
 
     assert [json.loads(line)["line"] for line in result.stdout.splitlines()] == [1, 2]
     assert result.stderr == (
-        "interrupted: stopping once the batch with the store is committed (Ctrl-C again to "
-        "stop at once)\nError: interrupted: every line up to 2 was decided and is kept as "
+        "interrupted: stopping once the batch with the store is committed; Ctrl-C again to "
+        "stop sooner (then whether it is kept is not known)\nError: interrupted: every line up to 2 was decided and is kept as "
         "decided (2 appended, 0 duplicate, 0 rejected, 0 invalid); later ones may be kept too "
         "(resubmit with ids to learn which: kept ones answer duplicate)\n")
     monkeypatch.undo()
@@ -158,3 +158,32 @@ def test_a_signal_while_waiting_for_input_is_raised_at_once_as_settled(store_url
     assert result.stderr == (
         "Error: interrupted: every line up to 2 was decided and is kept as decided "
         "(2 appended, 0 duplicate, 0 rejected, 0 invalid); no later line was kept\n")
+
+
+@pytest.mark.parametrize("how", ["file", "pipe"])
+def test_a_signal_just_after_a_batch_came_back_from_the_store_is_not_told_as_nothing_later_kept(
+    store_url, tmp_path, monkeypatch, how
+):
+    """A signal that lands once a batch's receipts are back (``holding`` has
+    ended) but before ``_print`` has tallied them (``_paired``, ``yield``, the
+    tally loop: all per-line Python work) must not make the last words say
+    "no later line was kept" of that batch, which is kept."""
+    from commands import console
+
+    holding = console.Held.holding
+    calls = []
+
+    @contextmanager
+    def signalled_after_the_second(held: Any) -> Iterator[None]:
+        with holding(held):
+            yield
+        calls.append(1)
+        if len(calls) == 2:  # the second batch (lines 3 and 4) is committed
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(0.01)
+
+    monkeypatch.setattr(console.Held, "holding", signalled_after_the_second)
+    result = submitted(store_url, how, tmp_path, 130)
+    monkeypatch.undo()
+    kept = statuses_on_resubmitting(store_url, tmp_path).count("duplicate")
+    assert f"every line up to {kept} was decided" in result.stderr, (result.stderr, kept)
