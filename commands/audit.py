@@ -16,6 +16,7 @@ from projections.asof import is_position
 from projections.audit import COLUMNS as AUDIT_COLUMNS
 from projections.audit import SECTIONS
 from projections.audit import audit as audit_history
+from projections.repair import repair as repair_projections
 from projections.replay import replay as replay_projections
 
 
@@ -72,13 +73,14 @@ def replay(ctx: click.Context, to: int | None, repair: bool, fmt: str | None) ->
             "--repair replaces the live tables with the replay at the head of the log; "
             "--to compares with the state at a position: give one of them")
     with opened(ctx) as store:
-        report = replay_projections(store, to, repair)
+        report = repair_projections(store) if repair else replay_projections(store, to)
     emit_object(report.as_dict(), fmt)
     if report.repaired is not None:
         count = len(report.differences)
         click.echo(f"repaired: {count} difference{'s' if count != 1 else ''} with "
-             f"{report.compared_with}; the live tables now hold the replay of the log up to "
-             f"position {report.repaired}", err=True)
+                   f"{report.compared_with}; the live tables now hold the replay of the log up "
+                   f"to position {report.repaired} (writers that were running keep what they "
+                   "had loaded before: restart them)", err=True)
     elif not report.ok:
         count = len(report.differences)
         raise click.ClickException(

@@ -858,6 +858,10 @@ class PostgresStore:
     def track(self, cursor: Any, position: int) -> None:
         self.recorder._insert_tracking(cursor.connection.cursor(), Tracking(PROJECTIONS, position))
 
+    def set_tracked(self, cursor: Any, position: int) -> None:
+        cursor.execute(f"UPDATE {TRACKING} SET notification_id = %s WHERE application_name = %s",
+                       (position, PROJECTIONS))
+
     def known_ids(self, cursor: Any, ids: list[str]) -> dict[str, int]:
         preloaded, self._local.ids = getattr(self._local, "ids", None), None
         if preloaded is not None and preloaded[0] == ids:

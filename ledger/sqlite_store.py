@@ -443,6 +443,10 @@ class SQLiteStore:
     def track(self, cursor: Any, position: int) -> None:
         self.recorder._insert_tracking(cursor, Tracking(PROJECTIONS, position))
 
+    def set_tracked(self, cursor: Any, position: int) -> None:
+        cursor.execute("UPDATE tracking SET notification_id = ? WHERE application_name = ?",
+                       (position, PROJECTIONS))
+
     def known_ids(self, cursor: Any, ids: list[str]) -> dict[str, int]:
         if not ids:
             return {}

@@ -130,6 +130,9 @@ class Store(Protocol):
     def track(self, cursor: Any, position: int) -> None:
         """Record how far the projection tables have read."""
 
+    def set_tracked(self, cursor: Any, position: int) -> None:
+        """Set the tracking position, lower too (``track`` only raises it)."""
+
     def known_ids(self, cursor: Any, ids: list[str]) -> dict[str, int]:
         """Positions of client ids already in the ledger."""
 

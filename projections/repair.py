@@ -1,58 +1,120 @@
-"""Repair: the live projection tables replaced by a replay of the log.
+"""Repair: the live projection tables made again from the log.
 
 The projection tables are derived from the log, so whatever happened to
-them (a row edited or deleted by hand, a table dropped, the tracking row
-lowered) the log can make them again. ``replay --repair`` replays the log
-into scratch tables (``projections.replay``), compares, and where anything
-differs replaces every live table's rows, and those of the tables writers
-decide against (PostgreSQL's ``state_…``), with the replay at the head of
-the log, and sets the tracking position there: one transaction, in which no
-writer appends and no projector catches up (``Store.repairing``). The log
-itself is never written; ``verify`` is its check.
+them (a row edited or deleted by hand, a table or view dropped or
+redefined, the tracking row moved) the log can make them again.
+``repair`` replays the log into scratch tables, as ``replay`` does, up to
+its head; then, in one transaction in which no writer appends and no
+projector catches up (``Store.repairing``), it compares them with the live
+tables, and those writers decide against where they are others
+(PostgreSQL's ``state_…``), and replaces every table that differs and every
+view that still does, and sets the tracking position to the head. It
+checks that nothing differs any more before it commits: a repair is whole
+or not at all (a table dropped by hand is made again in that transaction,
+never left empty for writers to decide against). The log is never written;
+``verify`` is its check.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from ledger.errors import LedgerError
 from ledger.store import Store
 from projections import tables
-
-if TYPE_CHECKING:
-    from projections.replay import Scratch
-
-# What writers decide against, where they have tables of their own: the
-# tables among them (the views follow from the tables).
-DECIDED = ("nodes", "slots", "allocations", "addresses")
-
-
-def make_dropped_tables(store: Store) -> None:
-    """Tables and views dropped by hand made again, empty: the replay then
-    names every row they lack, and the repair fills them."""
-    with store.repairing() as cursor:
-        for prefix in _prefixes(store):
-            tables.create(cursor, store.dialect, prefix)
+from projections.replay import (
+    DECISIONS,
+    KEYS,
+    Difference,
+    ReplayReport,
+    Scratch,
+    ahead,
+    compare,
+    scratch_tables,
+)
 
 
-def replace_live(store: Store, scratch: Scratch) -> int | None:
-    """The live tables replaced by ``scratch`` if it has replayed up to the
-    head of the log, in one transaction; the position they now hold, or
-    None if the log has moved on (replay the rest first)."""
+class RepairIncomplete(LedgerError):
+    """Live tables that still differ from the replay once replaced."""
+
+    def __init__(self, differences: list[Difference]) -> None:
+        named = ", ".join(sorted({d.table for d in differences}))
+        super().__init__(
+            f"the repair left {len(differences)} difference(s) in {named}; nothing was changed")
+
+
+def repair(store: Store) -> ReplayReport:
+    """Replay the log and make the live tables (and PostgreSQL's decision
+    tables) what it gives, where they differ; the report of what differed."""
+    with scratch_tables(store) as scratch:
+        while True:
+            with store.reading() as cursor:
+                head = store.head(cursor)
+            scratch.replay_to(ahead(head, scratch, "the head of the log"))
+            report = _replaced(store, scratch)
+            if report is not None:
+                break
+    report.events, report.seconds = scratch.position, scratch.seconds
+    return report
+
+
+def _replaced(store: Store, scratch: Scratch) -> ReplayReport | None:
+    """In one transaction, if the log still ends where ``scratch`` does (else
+    None: replay the rest first): compare, replace what differs, check."""
     with store.repairing() as cursor:
         head = store.head(cursor)
         if head != scratch.position:
             return None
-        for prefix in _prefixes(store):
-            for relation in DECIDED if prefix else tables.TABLES:
-                _copy(cursor, scratch.prefix + relation, prefix + relation)
-        if store.tracked(cursor) < head:  # never past the head here: the replay checked
-            store.track(cursor, head)
-    return head
+        tracked = store.tracked(cursor)
+        report = ReplayReport(head, head, _compared_with(store, tracked, head), repairing=True)
+        for prefix, relations in _relations(store):
+            tables.create(cursor, store.dialect, prefix)  # what was dropped, empty for now
+            differing = _differing(cursor, scratch, prefix, relations)
+            report.differences += differing
+            if differing:
+                _replace(cursor, store, scratch, prefix, {_relation(d, prefix) for d in differing})
+        if report.differences or tracked != head:
+            _track(cursor, store, tracked, head)
+            report.repaired = head
+    return report
 
 
-def _prefixes(store: Store) -> tuple[str, ...]:
-    """The live tables, and those writers decide against if they are others."""
-    return ("", store.state_prefix) if store.state_prefix else ("",)
+def _compared_with(store: Store, tracked: int, head: int) -> str:
+    what = f"the live tables at position {tracked}"
+    if store.state_prefix:
+        what += " and the decision tables"
+    return what if tracked == head else f"{what}, against the log up to {head}"
+
+
+def _relations(store: Store) -> list[tuple[str, tuple[str, ...]]]:
+    """The live tables and views, and those writers decide against if they are others."""
+    live = [("", tuple(KEYS))]
+    return live + [(store.state_prefix, DECISIONS)] if store.state_prefix else live
+
+
+def _differing(
+    cursor: Any, scratch: Scratch, prefix: str, relations: tuple[str, ...] | set[str]
+) -> list[Difference]:
+    return compare(cursor, expected=scratch.prefix, found=prefix, relations=tuple(relations))
+
+
+def _relation(difference: Difference, prefix: str) -> str:
+    return difference.table.removeprefix(prefix)
+
+
+def _replace(
+    cursor: Any, store: Store, scratch: Scratch, prefix: str, differing: set[str]
+) -> None:
+    """The differing tables' rows replaced by the replay's; then the views
+    that still differ (redefined by hand) made again as they were made."""
+    for relation in differing & set(tables.TABLES):
+        _copy(cursor, scratch.prefix + relation, prefix + relation)
+    views = differing & set(tables.VIEWS)
+    still = {_relation(d, prefix) for d in _differing(cursor, scratch, prefix, views)}
+    if still:
+        tables.remake_views(cursor, store.dialect, prefix, tuple(sorted(still)))
+    if left := _differing(cursor, scratch, prefix, differing):
+        raise RepairIncomplete(left)
 
 
 def _copy(cursor: Any, source: str, target: str) -> None:
@@ -62,3 +124,13 @@ def _copy(cursor: Any, source: str, target: str) -> None:
     columns = ", ".join(d[0] for d in cursor.description)
     cursor.execute(f"DELETE FROM {target}")
     cursor.execute(f"INSERT INTO {target} ({columns}) SELECT {columns} FROM {source}")
+
+
+def _track(cursor: Any, store: Store, tracked: int, head: int) -> None:
+    """The tracking position set to the head: raised as a projector raises
+    it, or lowered from past the head (a tracking row raised by hand, or a
+    log whose last events were deleted: ``verify --digest`` tells)."""
+    if tracked < head:
+        store.track(cursor, head)
+    elif tracked > head:
+        store.set_tracked(cursor, head)

@@ -14,8 +14,8 @@ against
   answers ``--as-of`` queries), written to a second scratch prefix.
 
 Every difference is named by table, key and column. The live tables are
-only read, unless a repair is asked for (``projections.repair``); the
-scratch tables are dropped afterwards.
+only ever read (``projections.repair`` replaces them); the scratch tables
+are dropped afterwards.
 """
 
 from __future__ import annotations
@@ -23,7 +23,9 @@ from __future__ import annotations
 import json
 import secrets
 import time
+from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -35,7 +37,6 @@ from ledger.records import Progress, check_read_whole, replay_log
 from ledger.store import Store
 from projections import tables
 from projections.asof import AsOf, head_within, rebuild
-from projections.repair import make_dropped_tables, replace_live
 from projections.rows import ChangedRows, Statements, changed_rows
 
 CHUNK = 50_000  # events replayed per transaction (SQLite writers wait for each)
@@ -171,30 +172,30 @@ class Scratch:
             self.store.write_rows(cursor, self.sql, changed)
 
 
-def replay(store: Store, to: int | None = None, repair: bool = False) -> ReplayReport:
+def replay(store: Store, to: int | None = None) -> ReplayReport:
     """Rebuild every projection from the log into scratch tables and compare
-    them with the live tables (or, with ``to``, with the as-of state there);
-    ``repair``: where they differ, replace the live tables with the replay at
-    the head of the log."""
+    them with the live tables (or, with ``to``, with the as-of state there)."""
     head = head_within(store, to, "--to")
-    if repair:
-        make_dropped_tables(store)
+    with scratch_tables(store) as scratch:
+        report = _against_as_of(store, scratch, to, head) if to is not None else (
+            _against_live(store, scratch)
+        )
+    report.events, report.seconds = scratch.position, scratch.seconds
+    return report
+
+
+@contextmanager
+def scratch_tables(store: Store) -> Iterator[Scratch]:
+    """Scratch tables of a prefix of their own, dropped at the end."""
     prefix = f"replay_{secrets.token_hex(4)}_"
     scratch = Scratch(store, prefix)
     try:
         scratch.create()
-        report = _against_as_of(store, scratch, to, head) if to is not None else (
-            _against_live(store, scratch)
-        )
-        report.repairing = repair
-        if repair and not report.ok:
-            report.repaired = _repaired(store, scratch)
+        yield scratch
     finally:
         with store.projecting() as cursor:
             tables.drop(cursor, prefix)
             tables.drop(cursor, prefix + "asof_")
-    report.events, report.seconds = scratch.position, scratch.seconds
-    return report
 
 
 def _against_live(store: Store, scratch: Scratch) -> ReplayReport:
@@ -209,7 +210,7 @@ def _against_live(store: Store, scratch: Scratch) -> ReplayReport:
                 )
                 report.differences = compare(cursor, expected=scratch.prefix, found="")
                 break
-        scratch.replay_to(_ahead(live, scratch, "the live tables' position"))
+        scratch.replay_to(ahead(live, scratch, "the live tables' position"))
     if store.state_prefix:
         _against_decisions(store, scratch, report)
     return report
@@ -229,20 +230,10 @@ def _against_decisions(store: Store, scratch: Scratch, report: ReplayReport) -> 
                     relations=DECISIONS,
                 )
                 return
-        scratch.replay_to(_ahead(head, scratch, "the head of the log"))
+        scratch.replay_to(ahead(head, scratch, "the head of the log"))
 
 
-def _repaired(store: Store, scratch: Scratch) -> int:
-    """Replace the live tables with the replay once it has caught up with the
-    head of the log; the position they then hold."""
-    while (position := replace_live(store, scratch)) is None:
-        with store.reading() as cursor:
-            head = store.head(cursor)
-        scratch.replay_to(_ahead(head, scratch, "the head of the log"))
-    return position
-
-
-def _ahead(target: int, scratch: Scratch, what: str) -> int:
+def ahead(target: int, scratch: Scratch, what: str) -> int:
     if target < scratch.position:
         raise LogEdited(
             f"{what} went back from {scratch.position} to {target} during the replay"

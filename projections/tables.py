@@ -243,7 +243,14 @@ def upgrade(cursor: Any, dialect: str, prefix: str = "") -> None:
     for table, columns in ADDED_COLUMNS.items():
         for column, kind in columns:
             add_column(cursor, dialect, prefix + table, column, kind)
-    for view in CHANGED_VIEWS:
+    remake_views(cursor, dialect, prefix, CHANGED_VIEWS)
+
+
+def remake_views(cursor: Any, dialect: str, prefix: str, views: tuple[str, ...]) -> None:
+    """Views of a prefix made again as this version makes them (a PostgreSQL
+    view is replaced in place, keeping what was granted on it, where its
+    columns are still those this version gives it)."""
+    for view in views:
         statement = next(s for s in create_statements(prefix, dialect)
                          if s.startswith(f"CREATE VIEW {prefix}{view} "))
         if dialect == "sqlite":

@@ -12,8 +12,10 @@ from audit_support import StoreUnderTest, one_line_error, run
 from test_replay import live_tables, replayed, scratch_tables, told
 
 from ledger.application import Ledger
+from projections.repair import repair
 
 EVENTS = 900
+PROJECTIONS = "WHERE application_name = 'projections'"  # the projection tables' tracking row
 
 
 def repaired(target: StoreUnderTest) -> tuple[dict[str, Any], str]:
@@ -47,7 +49,8 @@ def test_repair_makes_edited_tables_equal_to_the_replay_and_says_what_it_repaire
     assert report["compared_with"].startswith(f"the live tables at position {EVENTS}")
     assert said == (
         f"repaired: {len(report['differences'])} differences with {report['compared_with']}; "
-        f"the live tables now hold the replay of the log up to position {EVENTS}\n")
+        f"the live tables now hold the replay of the log up to position {EVENTS} (writers that "
+        "were running keep what they had loaded before: restart them)\n")
     assert live_tables(under_test) == untouched
     assert log_rows(under_test) == log
     assert scratch_tables(under_test) == []
@@ -115,7 +118,7 @@ def test_repair_after_a_lowered_tracking_row_and_the_ledger_goes_on(
     (``TablesDisagree``); the repair brings both to the head, and the next
     submit decides against them as usual."""
     told(under_test, EVENTS)
-    under_test.sql("UPDATE tracking SET notification_id = 500")
+    under_test.sql(f"UPDATE tracking SET notification_id = 500 {PROJECTIONS}")
     stuck = run("project", url=under_test.url)
     assert stuck.returncode == 1, stuck.stderr
     assert "their tracking position 500" in one_line_error(stuck.stderr)
@@ -123,7 +126,7 @@ def test_repair_after_a_lowered_tracking_row_and_the_ledger_goes_on(
     report, _ = repaired(under_test)
 
     assert report["repaired"] == EVENTS
-    assert under_test.sql("SELECT MAX(notification_id) FROM tracking")[0][0] == EVENTS
+    assert under_test.sql(f"SELECT notification_id FROM tracking {PROJECTIONS}")[0][0] == EVENTS
     with Ledger.open(under_test.url) as ledger:
         placed = ledger.submit({"type": "node-registered", "node": "n-new", "slots": 1})
         assert ledger.submit({"type": "heartbeat", "node": "n-new"}).status == "appended"
@@ -159,3 +162,86 @@ def test_repair_with_to_is_a_usage_error(sqlite_under_test: StoreUnderTest) -> N
     done = run("replay", "--repair", "--to", "10", url=sqlite_under_test.url)
     assert done.returncode == 2
     assert "--repair replaces the live tables" in one_line_error(done.stderr)
+
+
+def test_a_repair_that_stops_midway_leaves_no_empty_table_for_writers_to_decide_against(
+    under_test: StoreUnderTest, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A dropped table is made again, empty, only in the transaction that
+    fills it: a repair stopped before (Ctrl-C during a long replay, a lock
+    waited out) leaves no empty table for writers to decide against, whose
+    refusals would be kept in the log for good."""
+    from projections import replay as replaying
+
+    told(under_test, 300)
+    decided = "nodes" if under_test.dialect == "sqlite" else "state_nodes"
+    (node,) = under_test.sql(f"SELECT node FROM {decided} ORDER BY node LIMIT 1")[0]
+    cascade = "" if under_test.dialect == "sqlite" else " CASCADE"
+    under_test.sql(f"DROP TABLE {decided}{cascade}")
+
+    def stopped(*args: Any) -> None:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(replaying.Scratch, "replay_to", stopped)
+    with Ledger.open(under_test.url) as ledger, pytest.raises(KeyboardInterrupt):
+        repair(ledger.store)
+    monkeypatch.undo()
+
+    beat = run("submit", "-", url=under_test.url,
+               stdin=json.dumps({"type": "heartbeat", "node": node}).encode() + b"\n")
+    assert b'"rejected"' not in beat.stdout, beat.stdout
+
+
+def test_repair_of_a_view_redefined_by_hand_leaves_no_difference(
+    under_test: StoreUnderTest,
+) -> None:
+    """A view that differs once the tables are replaced is made again."""
+    told(under_test, 300)
+    under_test.sql("DROP VIEW zombie_slots")
+    under_test.sql("CREATE VIEW zombie_slots AS SELECT node, slot, alloc, 'moved' AS reason, "
+                   "since_position AS position FROM slots")
+
+    report, _ = repaired(under_test)
+
+    assert "zombie_slots" in {d["table"] for d in report["differences"]}
+    code, again, _ = replayed(under_test)
+    assert (code, again["differences"]) == (0, [])
+
+
+def test_repair_lowers_a_tracking_row_raised_past_the_head(under_test: StoreUnderTest) -> None:
+    """A projector only ever raises the tracking position; one raised past the
+    head by hand stops every submit, and a repair sets it to the head."""
+    told(under_test, 300)
+    under_test.sql(f"UPDATE tracking SET notification_id = 305 {PROJECTIONS}")
+    if under_test.dialect == "sqlite":  # its writers record the tracking position too
+        stuck = run("submit", "heartbeat", "--node", "n00001", url=under_test.url)
+        assert stuck.returncode == 3, stuck.stderr
+
+    report, said = repaired(under_test)
+
+    assert (report["repaired"], report["differences"]) == (300, [])
+    assert "the live tables at position 305" in said and ", against the log up to 300;" in said
+    assert under_test.sql(f"SELECT notification_id FROM tracking {PROJECTIONS}")[0][0] == 300
+    beat = run("submit", "heartbeat", "--node", "n00001", url=under_test.url)
+    assert beat.returncode == 0, beat.stderr
+
+
+def test_a_repair_that_cannot_make_the_tables_equal_changes_nothing(
+    under_test: StoreUnderTest, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """It checks before it commits: all or nothing."""
+    from projections import repair as repairing
+
+    told(under_test, 300)
+    under_test.sql("UPDATE nodes SET status = 'down'")
+    under_test.sql(f"UPDATE tracking SET notification_id = 200 {PROJECTIONS}")
+    edited = live_tables(under_test)
+    monkeypatch.setattr(repairing, "_copy", lambda cursor, source, target: None)
+
+    with Ledger.open(under_test.url) as ledger, pytest.raises(repairing.RepairIncomplete) as error:
+        repair(ledger.store)
+
+    assert str(error.value).startswith("the repair left ")
+    assert str(error.value).endswith(" in nodes; nothing was changed")
+    assert live_tables(under_test) == edited
+    assert under_test.sql(f"SELECT notification_id FROM tracking {PROJECTIONS}")[0][0] == 200
