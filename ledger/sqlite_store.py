@@ -62,6 +62,9 @@ GUARDS = [
        BEGIN SELECT RAISE(ABORT, 'the event log is append-only'); END"""
     for name, (table, operation) in zip(GUARD_NAMES, GUARDED, strict=True)
 ]
+# Each guard as SQLite keeps its text (``IF NOT EXISTS`` left out): one whose
+# text is another (replaced by hand with one that refuses nothing) is no guard.
+GUARD_TEXTS = [g.replace(" IF NOT EXISTS", "", 1) for g in GUARDS]
 
 
 @cache
@@ -322,10 +325,11 @@ class SQLiteStore:
             version = _ledger_version(cursor)
             cursor.execute(
                 "SELECT (SELECT COUNT(*) FROM sqlite_master WHERE type = 'trigger' "
-                f"AND name IN ({', '.join('?' * len(GUARD_NAMES))})), "
+                f"AND name IN ({', '.join('?' * len(GUARD_NAMES))}) "
+                f"AND sql IN ({', '.join('?' * len(GUARD_TEXTS))})), "
                 "(SELECT COUNT(*) FROM sqlite_master "  # a view, or what else holds its name
                 f"WHERE name IN ({', '.join('?' * len(tables.ALL_VIEWS))}))",
-                (*GUARD_NAMES, *tables.ALL_VIEWS),
+                (*GUARD_NAMES, *GUARD_TEXTS, *tables.ALL_VIEWS),
             )
             guards, views = cursor.fetchone()
             if version > SCHEMA_VERSION:
@@ -339,12 +343,13 @@ class SQLiteStore:
                 "where it may be written, to upgrade it"
             )
         if version == SCHEMA_VERSION:
-            # Guards (ids: a store made before they were; any dropped by hand)
-            # and a view dropped by hand made again; a table dropped is not made
-            # again empty.
+            # Guards (ids: a store made before they were; any dropped or
+            # replaced by hand) and a view dropped by hand made again; a table
+            # dropped is not made again empty (``replay --repair`` makes it).
             if not self.read_only and (guards < len(GUARDS) or views < len(tables.ALL_VIEWS)):
                 with self.writing() as cursor:
-                    for statement in GUARDS:
+                    for name, statement in zip(GUARD_NAMES, GUARDS, strict=True):
+                        cursor.execute(f"DROP TRIGGER IF EXISTS {name}")
                         cursor.execute(statement)
                     tables.create_views(cursor, self.dialect)
                     tables.create_log_views(cursor, self.dialect, self.stream, PROJECTIONS)

@@ -528,10 +528,12 @@ def test_digest_refuses_a_head_whose_kept_hash_does_not_follow(attack: Attack, w
 
 # How a DBA takes a guard away by hand "to fix a row": on PostgreSQL every
 # trigger runs one function, which can be dropped (with its triggers) or
-# replaced, and a trigger can be disabled rather than dropped.
+# replaced, and a trigger can be disabled rather than dropped; on SQLite a
+# trigger can be replaced under its name by one that refuses nothing.
 UNGUARDING = {
     "every guard dropped": ("sqlite", "postgresql"),
     "its update guard dropped": ("sqlite", "postgresql"),
+    "its update guard replaced": ("sqlite",),
     "its guards disabled": ("postgresql",),
     "the guards' function dropped": ("postgresql",),
     "the guards' function replaced": ("postgresql",),
@@ -546,6 +548,10 @@ def unguard(attacker: Attacker, how: str, table: str) -> None:
     elif how == "its update guard dropped":
         attacker.sql(f"DROP TRIGGER {table}_append_only_update" if sqlite else
                      f"DROP TRIGGER {table}_append_only ON {table}")
+    elif how == "its update guard replaced":
+        attacker.sql(f"DROP TRIGGER {table}_append_only_update")
+        attacker.sql(f"CREATE TRIGGER {table}_append_only_update BEFORE UPDATE ON {table} "
+                     "BEGIN SELECT 1; END")
     elif how == "its guards disabled":
         attacker.sql(f"ALTER TABLE {table} DISABLE TRIGGER USER")
     elif how == "the guards' function dropped":
