@@ -78,7 +78,7 @@ def submit(ctx: click.Context, source: str, quiet: bool, batch: int) -> None:
     """
     if source in EVENT_TYPES:
         receipts = [_one_from_flags(ctx, source)]
-        counts = _print([list(enumerate(receipts, 1))], quiet, progress=False)
+        counts = _print([list(enumerate(receipts, 1))], quiet, False, Held())  # none held
     else:
         if ctx.args:
             raise click.UsageError(_extra(source, ctx.args))
@@ -321,7 +321,7 @@ OF_REJECTED = "duplicate_of_rejected"
 
 
 def _print(
-    results: Any, quiet: bool, progress: bool, held: Held | None = None
+    results: Any, quiet: bool, progress: bool, held: Held
 ) -> Counter[str]:
     shown = time.monotonic()
     # The results tallied and the last line among them, replaced whole once a
@@ -337,18 +337,15 @@ def _print(
                 if receipt.status == "duplicate" and not receipt.ok:
                     tally[OF_REJECTED] += 1
             done = (tally, batch[-1][0] if batch else done[1])
-            if held is not None:
-                held.release()  # counted: a signal now stops at once, and says so
+            held.release()  # counted: a signal now stops at once, and says so
             _out("" if quiet else "".join(_result_line(n, receipt) for n, receipt in batch), batch)
             if progress and time.monotonic() - shown > 0.2:
                 shown = time.monotonic()
                 total = sum(tally.values()) - tally[OF_REJECTED]
                 click.echo(f"\r{total} event{'' if total == 1 else 's'}, {tally['rejected']} rejected, "
                            f"{tally['invalid']} invalid", err=True, nl=False)
-            if held is not None:
-                held.settle()  # a signal that waited for this batch: it is reported now
-        if held is not None:
-            held.settle()  # one that came as the stream ended: it is not lost
+            held.settle()  # a signal that waited for this batch: it is reported now
+        held.settle()  # one that came as the stream ended: it is not lost
     except KeyboardInterrupt as stop:
         _clear(progress)
         settled = isinstance(stop, Signalled) and stop.settled

@@ -71,7 +71,7 @@ MARK = f"alloc-ledger schema {SCHEMA_VERSION}"
 MARKED = re.compile(r"alloc-ledger schema (\d+)")
 PAGE = 5000
 TRACKING = "tracking"
-STATE_PREFIX = "state_"
+STATE_PREFIX = tables.STATE_PREFIX
 SCHEMA_NAME = re.compile(r"[a-z_][a-z0-9_]{0,62}")
 # libpq's parameters a URL may give, passed on as they are: TLS, the name in
 # pg_stat_activity, which server of several to take, and how soon a connection

@@ -19,6 +19,9 @@ def sql_set(values: frozenset[str]) -> str:
 
 TABLES = ("nodes", "slots", "allocations", "alloc_states", "addresses", "rejections")
 VIEWS = ("needs_reconnect", "zombie_slots")
+# The prefix of the copies that PostgreSQL's writers decide against
+# (``state_nodes`` …), kept at the head of the log beside the live tables.
+STATE_PREFIX = "state_"
 LIVE = sql_set(model.LIVE)
 TERMINAL = sql_set(model.TERMINAL)
 # The current time in the tables' text form (``ledger.model.timestamp``), to
@@ -292,7 +295,7 @@ def drop(cursor: object, prefix: str) -> None:
 
 # A database's words for a table or view that is not there: SQLite's, PostgreSQL's.
 MISSING = re.compile(r'no such table: (?:\w+\.)?(\w+)|relation "(?:\w+\.)?(\w+)" does not exist')
-DERIVED = frozenset({*TABLES, *VIEWS, *(f"state_{name}" for name in (*TABLES, *VIEWS))})
+DERIVED = frozenset({*TABLES, *VIEWS, *(STATE_PREFIX + name for name in (*TABLES, *VIEWS))})
 
 
 def with_repair_hint(line: str) -> str:

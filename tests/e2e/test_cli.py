@@ -30,6 +30,7 @@ from click.testing import CliRunner, Result
 from signal_support import as_at_a_terminal
 
 from commands.cli import cli
+from commands.console import Held
 from commands.stories import all_events
 from ledger.application import Ledger, Receipt
 from ledger.events import EVENT_TYPES, TYPES_NAMED
@@ -1948,7 +1949,7 @@ def test_a_stream_shows_its_progress_on_a_terminal(ticking, capsys):
     batches = [[(1, Receipt("appended", 1)), (2, Receipt("rejected", 2, "no"))],
                [(3, Receipt("invalid", None, "bad"))]]
 
-    counts = submitting._print(iter(batches), quiet=True, progress=True)
+    counts = submitting._print(iter(batches), quiet=True, progress=True, held=Held())
 
     shown = capsys.readouterr().err
     assert "\r2 events, 1 rejected, 0 invalid" in shown
@@ -1958,6 +1959,6 @@ def test_a_stream_shows_its_progress_on_a_terminal(ticking, capsys):
 
 
 def test_the_progress_of_one_event_says_event(ticking, capsys):
-    ticking._print(iter([[(1, Receipt("appended", 1))]]), quiet=True, progress=True)
+    ticking._print(iter([[(1, Receipt("appended", 1))]]), quiet=True, progress=True, held=Held())
 
     assert "\r1 event, 0 rejected, 0 invalid" in capsys.readouterr().err
