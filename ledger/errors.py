@@ -87,12 +87,15 @@ class GrantRefused(LedgerError):
 
 
 class LogEndsEarly(LogEdited):
-    """The log ended before the head it had when a catch-up began: its last
-    events were deleted meanwhile. Nothing after ``end`` is taken as applied."""
+    """The log ended before a head it is known to have had (when a catch-up
+    began, or as far as the projection tables have applied it): its last
+    events were deleted. Nothing after ``end`` is taken as applied."""
 
-    def __init__(self, end: int, head: int) -> None:
+    def __init__(self, end: int, head: int, applied: bool = False) -> None:
+        before = (f"position {head}, which the projection tables have applied" if applied
+                  else f"its head {head} when this began")
         super().__init__(
-            f"the log ends at position {end}, before its head {head} when this began: "
+            f"the log ends at position {end}, before {before}: "
             "its last events were deleted; alloc-ledger verify checks whether the log was edited"
         )
 

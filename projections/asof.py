@@ -10,7 +10,7 @@ from typing import NamedTuple
 
 from ledger.collection import fewer_collections
 from ledger.domain import Cluster
-from ledger.errors import BadOption, OutOfRange
+from ledger.errors import BadOption, LogEndsEarly, OutOfRange
 from ledger.model import (
     EXAMPLE_TIME,
     NEEDS_ZONE,
@@ -27,9 +27,17 @@ from projections.rows import Statements, write_changes
 
 def head_within(store: Store, position: int | None, option: str) -> int:
     """The head of the log; ``OutOfRange`` if ``position`` is past it (there
-    is no state right after an event the log does not hold yet)."""
+    is no state right after an event the log does not hold yet).
+
+    ``LogEndsEarly`` if what is asked for reaches past the log's end (the
+    head, or ``position``) to events the projection tables have applied:
+    the log's last events were deleted, and a state or report "at the head"
+    would quietly leave them out."""
     with store.reading() as cursor:
-        head = store.head(cursor)
+        head, tracked = store.head(cursor), store.tracked(cursor)
+    needed = tracked if position is None else min(position, tracked)
+    if needed > head:
+        raise LogEndsEarly(head, tracked, applied=True)
     if position is not None and position > head:
         raise OutOfRange(option, f"position {position} is beyond the head of the log ({head})")
     return head

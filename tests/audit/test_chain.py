@@ -186,9 +186,52 @@ def test_a_deleted_last_event_is_named_by_a_replay_of_the_tables_that_applied_it
 
     assert done.returncode == 1, done.stderr
     assert one_line_error(done.stderr) == (
-        "Error: the log ends at position 239, before its head 240 when this began: its last "
-        "events were deleted; alloc-ledger verify checks whether the log was edited"
+        "Error: the log ends at position 239, before position 240, which the projection tables "
+        "have applied: its last events were deleted; alloc-ledger verify checks whether the log "
+        "was edited"
     )
+
+
+@pytest.mark.parametrize("command", [
+    ["audit"], ["query", "nodes", "--as-of", "240"], ["query", "nodes", "--as-of", "500"],
+    ["query", "zombie-slots", "--as-of", "9999-12-31T23:59:59Z"],
+])
+def test_a_deleted_last_event_is_named_by_the_audit_and_as_of_queries_at_the_head(
+    attack: Attack, command: list[str],
+) -> None:
+    """Not a report or a state "at the head" that quietly leaves out an
+    event the projection tables have applied."""
+    assert run("project", url=attack.target.url).returncode == 0
+    attack.attacker.drop_guards()
+    attack.attacker.delete(240)
+
+    done = run(*command, url=attack.target.url)
+
+    assert done.returncode == 1, done.stderr
+    assert not done.stdout
+    assert one_line_error(done.stderr) == (
+        "Error: the log ends at position 239, before position 240, which the projection tables "
+        "have applied: its last events were deleted; alloc-ledger verify checks whether the log "
+        "was edited"
+    ), command
+
+
+@pytest.mark.parametrize("command", [["audit", "--to", "239"], ["query", "nodes", "--as-of", "239"]])
+def test_history_before_a_deleted_last_event_is_still_answered(
+    attack: Attack, command: list[str],
+) -> None:
+    assert run("project", url=attack.target.url).returncode == 0
+    attack.attacker.drop_guards()
+    attack.attacker.delete(240)
+
+    done = run(*command, "--format", "json", url=attack.target.url)
+
+    assert done.returncode == 0, done.stderr
+    answer = json.loads(done.stdout)
+    if command[0] == "audit":
+        assert (answer["to"], answer["head"]) == (239, 239)
+    else:
+        assert answer and all(row["since_position"] <= 239 for row in answer)
 
 
 @pytest.mark.parametrize("point", [AsOf(at="9999-12-31T23:59:59.000000Z"), AsOf(position=200),
