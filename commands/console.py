@@ -89,7 +89,8 @@ class Held:
     timeout). One that comes while no batch is with the store (reading the
     input, printing) is raised at once, settled."""
 
-    def __init__(self) -> None:
+    def __init__(self, what: str = "the batch") -> None:
+        self.what = what  # what is with the store, in what a signal says
         self.pending: int | None = None
         self.held = False
 
@@ -127,7 +128,7 @@ class Held:
         if self.held and self.pending is None:
             self.pending = signum
             again = "Ctrl-C" if signum == signal.SIGINT else "the signal"
-            _say(f"{_what(signum)}: stopping once the batch with the store is committed; "
+            _say(f"{_what(signum)}: stopping once {self.what} with the store is committed; "
                  f"{again} again to stop sooner (then whether it is kept is not known)")
             return
         raise Signalled(signum, settled=not self.held)

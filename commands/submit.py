@@ -77,8 +77,7 @@ def submit(ctx: click.Context, source: str, quiet: bool, batch: int) -> None:
     those as duplicate and as duplicate_of_rejected.
     """
     if source in EVENT_TYPES:
-        receipts = [_one_from_flags(ctx, source)]
-        counts = _print([list(enumerate(receipts, 1))], quiet, False, Held())  # none held
+        counts = _submit_one(ctx, source, quiet)
     else:
         if ctx.args:
             raise click.UsageError(_extra(source, ctx.args))
@@ -109,13 +108,38 @@ def _extra(source: str, args: list[str]) -> str:
             f"({words}) follow an event type: alloc-ledger submit TYPE --field value")
 
 
-def _one_from_flags(ctx: click.Context, event_type: str) -> Receipt:
+def _submit_one(ctx: click.Context, event_type: str, quiet: bool) -> Counter[str]:
+    """One event from flags. A signal while it is with the store waits for
+    its result, as for a stream's batch (``Held``); a second one leaves it
+    kept or not, and says so."""
     flags = _pairs(ctx.args)
+    with Held("the event").installed() as held:
+        try:
+            receipt = _one_from_flags(ctx, event_type, flags, held)
+        except Signalled as stop:
+            if stop.settled:
+                raise  # nothing was handed to the store yet
+            raise Interrupted(UNKNOWN_ONE, terminated=signal_of(stop)) from None
+        try:
+            return _print([[(1, receipt)]], quiet, False, held)
+        except Interrupted as stop:  # its result is known, printed or not
+            at = "" if receipt.position is None else f" at position {receipt.position}"
+            raise Interrupted(f"the event was decided before it: {receipt.status}{at}",
+                              stop.terminated) from None
+
+
+UNKNOWN_ONE = ("whether the event is kept is not known (submitted again with the same --id, "
+               "a kept one answers duplicate)")
+
+
+def _one_from_flags(
+    ctx: click.Context, event_type: str, flags: dict[str, str], held: Held
+) -> Receipt:
     try:
         event = from_flags(event_type, flags)
     except InvalidEvent as error:
         return Receipt("invalid", error=str(error))
-    with Ledger.open(store_of(ctx)) as ledger:
+    with Ledger.open(store_of(ctx)) as ledger, held.holding():
         return ledger.submit(event)
 
 

@@ -187,3 +187,53 @@ def test_a_signal_just_after_a_batch_came_back_from_the_store_is_not_told_as_not
     monkeypatch.undo()
     kept = statuses_on_resubmitting(store_url, tmp_path).count("duplicate")
     assert f"every line up to {kept} was decided" in result.stderr, (result.stderr, kept)
+
+
+def signalled_at_one_event(monkeypatch: pytest.MonkeyPatch, signum: int, times: int) -> None:
+    """A one-shot submit is signalled ``times`` as its event is handed to the store."""
+    submitted = Ledger.submit
+
+    def with_signal(ledger: Ledger, event: Any) -> Any:
+        _signal_self(signum, times)
+        return submitted(ledger, event)
+
+    monkeypatch.setattr(Ledger, "submit", with_signal)
+
+
+ONE_SHOT = ["heartbeat", "--node", "n1", "--id", "h1"]
+
+
+@pytest.mark.parametrize(("signum", "code", "what", "again"), SIGNALS)
+def test_a_signal_while_one_event_is_with_the_store_waits_for_its_result_and_names_it(
+    store_url, monkeypatch, signum, code, what, again
+):
+    invoke(["--store", store_url, "submit", "node-registered", "--node", "n1"])
+    signalled_at_one_event(monkeypatch, signum, times=1)
+
+    result = invoke(["--store", store_url, "submit", *ONE_SHOT], code=code)
+
+    assert json.loads(result.stdout) == {
+        "line": 1, "status": "appended", "position": 2, "error": None}
+    assert result.stderr == (
+        f"{what}: stopping once the event with the store is committed; {again} again to stop "
+        "sooner (then whether it is kept is not known)\n"
+        f"Error: {what}: the event was decided before it: appended at position 2\n")
+    monkeypatch.undo()
+    again_result = invoke(["--store", store_url, "submit", *ONE_SHOT])
+    assert json.loads(again_result.stdout)["status"] == "duplicate"
+
+
+def test_a_second_signal_leaves_one_event_kept_or_not_and_says_so(store_url, monkeypatch):
+    invoke(["--store", store_url, "submit", "node-registered", "--node", "n1"])
+    signalled_at_one_event(monkeypatch, signal.SIGINT, times=2)
+
+    result = invoke(["--store", store_url, "submit", *ONE_SHOT], code=130)
+
+    assert result.stdout == ""
+    assert result.stderr.splitlines()[1:] == [
+        "Error: interrupted: whether the event is kept is not known (submitted again with the "
+        "same --id, a kept one answers duplicate)"]
+    monkeypatch.undo()
+    # Stopped before the event was handed over: here it is not kept.
+    again_result = invoke(["--store", store_url, "submit", *ONE_SHOT])
+    assert json.loads(again_result.stdout)["status"] == "appended"
