@@ -87,7 +87,8 @@ def submit(ctx: click.Context, source: str, quiet: bool, batch: int) -> None:
                 click.echo("reading events from the terminal, one JSON object per line; "
                            "Ctrl-D ends", err=True)
         with Ledger.open(store_of(ctx)) as ledger, Held().installed() as held:
-            counts = _print(_stream(ledger, stream, batch, held), quiet, sys.stderr.isatty(), held)
+            results = _then_closed(ledger, _stream(ledger, stream, batch, held))
+            counts = _print(results, quiet, sys.stderr.isatty(), held)
         if not any(counts.values()):  # a producer that died before writing looks like this
             click.echo(f"no events in {'stdin' if source == '-' else source}", err=True)
     if quiet:
@@ -226,6 +227,17 @@ def _stream(
         yield decided
 
 
+def _then_closed(
+    ledger: Ledger, results: Iterator[list[tuple[int, Receipt]]]
+) -> Iterator[list[tuple[int, Receipt]]]:
+    """The results, then the store closed while they are still being
+    printed: a signal while it closes (SQLite folds its write-ahead log back
+    then, a while after a large stream) says what was kept, as one between
+    two batches does."""
+    yield from results
+    ledger.close()
+
+
 class Arrivals:
     """Numbered lines from a pipe or terminal as they arrive: every complete
     line already there, waiting only when there is none. Blank lines are
@@ -324,6 +336,7 @@ def _decide_all(
         with held.holding():
             receipts = next(decided, None)
         if receipts is None:
+            held.release()  # every batch came back: nothing is with the store
             return
         yield _paired(taken.popleft(), receipts)
 

@@ -64,6 +64,7 @@ class Ledger:
         self.rules = RULES  # what it decides by, and records (``ledger.model.RULES``)
         # The last position this process decided, with its chain hash.
         self._last: tuple[int, str] | None = None
+        self._closed = False
         self._recent_ids: dict[str, First] = {}  # client ids of the last batch it decided
         self._deciding = threading.RLock()  # a PostgreSQL standby thread may decide too
 
@@ -72,7 +73,10 @@ class Ledger:
         return cls(open_store(url, create))
 
     def close(self) -> None:
-        self.store.close()
+        """Close the store (once: again does nothing)."""
+        if not self._closed:
+            self._closed = True
+            self.store.close()
 
     def __enter__(self) -> Self:
         return self

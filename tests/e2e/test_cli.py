@@ -559,7 +559,7 @@ def failing_submit(monkeypatch: pytest.MonkeyPatch, failure: Exception) -> None:
     """``submit TYPE`` fails with ``failure``, as a bug would: no rule names it."""
     from commands import submit as submitting
 
-    def broken(ctx: click.Context, event_type: str) -> Receipt:
+    def broken(*args: object) -> Receipt:
         raise failure
 
     monkeypatch.setattr(submitting, "_one_from_flags", broken)

@@ -231,9 +231,46 @@ def test_a_second_signal_leaves_one_event_kept_or_not_and_says_so(store_url, mon
 
     assert result.stdout == ""
     assert result.stderr.splitlines()[1:] == [
-        "Error: interrupted: whether the event is kept is not known (submitted again with the "
-        "same --id, a kept one answers duplicate)"]
+        ("Error: interrupted: whether the event is kept is not known (submitted again with "
+         "the same --id, a kept one answers duplicate)")]
     monkeypatch.undo()
     # Stopped before the event was handed over: here it is not kept.
     again_result = invoke(["--store", store_url, "submit", *ONE_SHOT])
     assert json.loads(again_result.stdout)["status"] == "appended"
+
+
+@pytest.mark.parametrize("how", ["file", "pipe"])
+def test_a_signal_while_the_store_closes_after_the_last_batch_still_says_what_is_kept(
+    store_url, tmp_path, monkeypatch, how
+):
+    """Every batch is committed; Ctrl-C lands while the store is closed (on
+    SQLite the WAL is folded back then, which takes a while after a large
+    stream). With --quiet nothing else tells the user how far the stream got,
+    so the last words must: README says a submit of a stream says how far,
+    also with --quiet."""
+    closing = Ledger.close
+
+    def signalled_while_closing(ledger: Ledger) -> None:
+        store_closing = ledger.store.close
+
+        def signalled() -> None:  # closing it again does nothing: it is not signalled there
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(0.01)
+            store_closing()
+
+        ledger.store.close = signalled  # type: ignore[method-assign]
+        closing(ledger)
+
+    monkeypatch.setattr(Ledger, "close", signalled_while_closing)
+    if how == "file":
+        source = tmp_path / "events.jsonl"
+        source.write_text(TEXT)
+        result = invoke(["--store", store_url, "submit", str(source), "--quiet"], code=130)
+    else:
+        with piped(TEXT) as stream:
+            result = invoke(["--store", store_url, "submit", "-", "--quiet"], code=130, input=stream)
+    monkeypatch.undo()
+    assert statuses_on_resubmitting(store_url, tmp_path) == ["duplicate"] * 6
+    assert result.stderr == (
+        "Error: interrupted: every line up to 6 was decided and is kept as decided "
+        "(6 appended, 0 duplicate, 0 rejected, 0 invalid); no later line was kept\n")
