@@ -21,6 +21,7 @@ are dropped afterwards.
 from __future__ import annotations
 
 import json
+import re
 import secrets
 import time
 from collections.abc import Iterator
@@ -54,6 +55,9 @@ KEYS: dict[str, tuple[str, ...]] = {
 }
 # Columns that follow the clock, not history: not compared.
 CLOCKED = ("expired",)
+# A redefined view's expected definition, as a difference names it (the
+# statement is in ``projections.tables``).
+OWN_DEFINITION = "alloc-ledger's own"
 # What writers decide against: everything but the logs kept for reporting.
 DECISIONS = ("nodes", "slots", "allocations", "addresses", "needs_reconnect", "zombie_slots")
 
@@ -208,7 +212,8 @@ def _against_live(store: Store, scratch: Scratch) -> ReplayReport:
                 report = ReplayReport(
                     live, store.head(cursor), f"the live tables at position {live}"
                 )
-                report.differences = compare(cursor, expected=scratch.prefix, found="")
+                report.differences = compare(
+                    cursor, expected=scratch.prefix, found="", dialect=store.dialect)
                 break
         scratch.replay_to(ahead(live, scratch, "the live tables' position"))
     if store.state_prefix:
@@ -227,7 +232,7 @@ def _against_decisions(store: Store, scratch: Scratch, report: ReplayReport) -> 
                 report.compared_with += f" and the decision tables at position {head}"
                 report.differences += compare(
                     cursor, expected=scratch.prefix, found=store.state_prefix,
-                    relations=DECISIONS,
+                    relations=DECISIONS, dialect=store.dialect,
                 )
                 return
         scratch.replay_to(ahead(head, scratch, "the head of the log"))
@@ -257,19 +262,47 @@ def _against_as_of(store: Store, scratch: Scratch, to: int, head: int) -> Replay
 
 def compare(
     cursor: Any, expected: str, found: str, relations: tuple[str, ...] = tuple(KEYS),
-    label: str | None = None,
+    label: str | None = None, dialect: str | None = None,
 ) -> list[Difference]:
     """Every difference between two sets of projection tables, by key; each is
-    named by ``label`` (default: ``found``) and the table."""
+    named by ``label`` (default: ``found``) and the table. Given the
+    ``dialect``, a view whose definition is not the one ``expected`` has is
+    named too, rows or not: it answers from other rows than this version's
+    (redefined by hand), whatever it happens to hold now."""
     differences: list[Difference] = []
     for relation in relations:  # the replay's columns: a DBA's extra one is not compared
+        name = (found if label is None else label) + relation
+        if dialect is not None and relation in tables.VIEWS:
+            wanted = definition(cursor, dialect, expected, relation)
+            held = definition(cursor, dialect, found, relation)
+            if held != wanted:  # its rows are then no answer of this version's (nor its columns)
+                differences.append(Difference(
+                    name, "(definition)", "redefined", None, OWN_DEFINITION,
+                    None if held is None else " ".join(held.split())))
+                continue
         cursor.execute(f"SELECT * FROM {expected}{relation} WHERE 1 = 0")
         columns = [d[0] for d in cursor.description if d[0] not in CLOCKED]
         differences += _compare_relation(
-            cursor, relation, KEYS[relation], columns, expected, found,
-            (found if label is None else label) + relation,
-        )
+            cursor, relation, KEYS[relation], columns, expected, found, name)
     return differences
+
+
+def definition(cursor: Any, dialect: str, prefix: str, view: str) -> str | None:
+    """The definition of a prefix's view as the database keeps it, the
+    prefix taken off the names of the ledger's tables and views it reads
+    (so that a scratch copy's compares with the live one's)."""
+    if dialect == "sqlite":
+        cursor.execute("SELECT sql FROM sqlite_master WHERE type = 'view' AND name = ?",
+                       (prefix + view,))
+    else:  # as the server prints it back: the same for the same statement
+        cursor.execute("SELECT pg_get_viewdef(to_regclass(%s))", (prefix + view,))
+    row = cursor.fetchone()
+    if row is None or row[0] is None:
+        return None
+    if not prefix:
+        return str(row[0])
+    named = "|".join((*tables.TABLES, *tables.VIEWS))
+    return re.sub(rf"\b{re.escape(prefix)}(?=(?:{named})\b)", "", str(row[0]))
 
 
 def _compare_relation(
