@@ -100,6 +100,10 @@ def verify(ctx: click.Context, digest: Digest | None, fmt: str | None) -> None:
     """Recompute the tamper-evident hash chain over the log and name the first
     position that does not match. Exit 1 on any mismatch.
 
+    Also says whether the triggers that keep the log append-only are in
+    place ("guards"); when any is missing or altered, a warning on stderr
+    says how to make them again (exit 0 all the same: that proves no edit).
+
     \b
     alloc-ledger verify
     alloc-ledger verify --digest "$(cat ledger.digest)"
@@ -107,6 +111,10 @@ def verify(ctx: click.Context, digest: Digest | None, fmt: str | None) -> None:
     with opened(ctx) as store:
         result = verify_chain(store, digest)
     emit_object(result.as_dict(), fmt)
+    if result.guards.lacking:
+        click.echo(f"warning: the log's append-only guards are not in place "
+                   f"({', '.join(result.guards.lacking)}): nothing stops an edit of the log "
+                   f"until they are made again; {result.guards.remedy}", err=True)
     if not result.ok:
         where = "" if result.position is None else f" at position {result.position}"
         raise click.ClickException(f"verify failed{where}: {result.problem}")

@@ -10,6 +10,8 @@ match. The kept hashes only prove the log against careless or partial
 tampering: anyone who can write the file can also recompute them. A
 ``Digest`` (head position and hash) saved elsewhere closes that gap:
 ``verify(store, digest)`` proves the current log still extends it.
+``verify`` also says whether the triggers that keep the log append-only are
+in place: missing ones prove no edit, but nothing stops one.
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ from typing import Any
 import orjson
 
 from ledger.errors import LogEdited, NotADigest, PositionMissing
-from ledger.store import Store
+from ledger.store import Guards, Store
 
 GENESIS = "0" * 64
 PAGE = 5000
@@ -61,6 +63,9 @@ class Digest:
         return f"{self.position}:{self.hash}"
 
 
+IN_PLACE = Guards((), "")
+
+
 @dataclass(frozen=True, slots=True)
 class Verification:
     """What recomputing the chain found."""
@@ -72,6 +77,9 @@ class Verification:
     position: int | None = None  # the first position that does not match
     problem: str | None = None
     digest: Digest | None = None
+    # the append-only guards not as made (none: in place): nothing proves an
+    # edit, but nothing stops one either
+    guards: Guards = IN_PLACE
 
     @property
     def ok(self) -> bool:
@@ -92,6 +100,7 @@ class Verification:
             "digest": None if self.digest is None else str(self.digest),
             "position": self.position,
             "problem": self.problem,
+            "guards": list(self.guards.lacking) or "in place",
         }
 
 
@@ -325,11 +334,14 @@ def verify(store: Store, digest: Digest | None = None) -> Verification:
             (e.originator_version, e.topic, bytes(e.state)) for e in store.read_log(0, head)
         )
         found = check.run(events, kept_hashes(store, cursor)) or rows_beside(store, cursor, head)
+        guards = store.guards(cursor)
     seconds = time.perf_counter() - started
     if found is None:
-        return Verification(head, check.checked, check.previous, seconds, digest=digest)
+        return Verification(head, check.checked, check.previous, seconds, digest=digest,
+                            guards=guards)
     return Verification(
-        head, check.checked, check.previous, seconds, found.position, found.problem, digest
+        head, check.checked, check.previous, seconds, found.position, found.problem, digest,
+        guards,
     )
 
 

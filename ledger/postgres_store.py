@@ -35,7 +35,7 @@ from eventsourcing.postgres import PostgresDatastore, PostgresProcessRecorder
 from psycopg import sql
 from psycopg.rows import dict_row, tuple_row
 
-from ledger import postgres_writes
+from ledger import postgres_access, postgres_writes
 from ledger.errors import GrantRefused, LockWaitedOut, MadeByNewer, StoreUnavailable, first_few
 from ledger.postgres_handoff import TABLES as HANDOFF_TABLES
 from ledger.postgres_handoff import TRACKING_HELD, Handoff, connection_lost, waited_for_tracking
@@ -45,6 +45,7 @@ from ledger.store import (
     LEDGER_STREAM,
     PROJECTIONS,
     Decider,
+    Guards,
     LoggedEvent,
     decide_here,
     logged,
@@ -126,21 +127,41 @@ REFUSAL = """
 # The log, its hash chain and its client ids are append-only (a lost id would
 # let a retry append its event again): a trigger refuses UPDATE and DELETE,
 # another TRUNCATE, on each. A store made before the ids were guarded, or
-# whose guards were dropped or disabled by hand (to "fix a row"), or whose
-# function was dropped or replaced, is guarded again when next opened by a
-# role that may (the tables' owner). Each guard: its table, its name, and
-# what it refuses.
+# whose guards were dropped, disabled or altered by hand (to "fix a row"),
+# or whose function was dropped or replaced, is guarded again when next
+# opened by a role that may (the tables' owner). Each guard: its table, its
+# name, what it refuses, and how it fires (pg_trigger.tgtype: FOR EACH ROW 1,
+# BEFORE 2, DELETE 8, UPDATE 16, TRUNCATE 32).
 GUARDED = [
-    (table, f"{table}_{name}", f"{refused} ON {table} FOR EACH {each}")
+    (table, f"{table}_{name}", f"{refused} ON {table} FOR EACH {each}", fires)
     for table in APPEND_ONLY_TABLES
-    for name, refused, each in (
-        ("append_only", "UPDATE OR DELETE", "ROW"), ("no_truncate", "TRUNCATE", "STATEMENT"))
+    for name, refused, each, fires in (
+        ("append_only", "UPDATE OR DELETE", "ROW", 1 | 2 | 8 | 16),
+        ("no_truncate", "TRUNCATE", "STATEMENT", 2 | 32))
 ]
 GUARDS = [
     f"CREATE OR REPLACE FUNCTION refuse_change() RETURNS trigger LANGUAGE plpgsql AS $${REFUSAL}$$",
     *(f"CREATE OR REPLACE TRIGGER {name} BEFORE {refused} EXECUTE FUNCTION refuse_change()"
-      for _, name, refused in GUARDED),
+      for _, name, refused, _ in GUARDED),
 ]
+# Each guard that is not as made, and how (``missing``, ``disabled``:
+# disabled or firing only for replicas, ``altered``: another function, other
+# events or columns, a condition; the function missing or its body replaced),
+# in the order of ``GUARDS``; NULL for one in place.
+GUARD_STATES = (
+    "SELECT g.name, CASE WHEN t.oid IS NULL THEN 'missing' "
+    "WHEN t.tgenabled IN ('D', 'R') THEN 'disabled' "
+    "WHEN t.tgfoid IS DISTINCT FROM to_regprocedure(%(refusal)s) OR t.tgtype <> g.fires "
+    "OR t.tgqual IS NOT NULL OR t.tgattr <> ''::int2vector THEN 'altered' END AS how, g.n "
+    "FROM unnest(%(guarded)s::text[], %(guards)s::text[], %(fires)s::int2[]) "
+    "WITH ORDINALITY g(relation, name, fires, n) "
+    "LEFT JOIN pg_trigger t ON t.tgrelid = to_regclass(g.relation) AND t.tgname = g.name "
+    "UNION ALL SELECT 'refuse_change()', CASE WHEN p.oid IS NULL THEN 'missing' "
+    "WHEN p.prosrc <> %(body)s THEN 'altered' END, 0 "
+    "FROM (SELECT to_regprocedure(%(refusal)s) AS oid) f LEFT JOIN pg_proc p ON p.oid = f.oid"
+)
+UNGUARDED = f"SELECT name, how FROM ({GUARD_STATES}) s WHERE how IS NOT NULL ORDER BY n"
+OWNER = "SELECT pg_get_userbyid(relowner) FROM pg_class WHERE oid = to_regclass(%s)"
 
 
 class Found(NamedTuple):
@@ -156,16 +177,11 @@ class Found(NamedTuple):
 
 
 # What ``Found`` holds (the ledger's mark, the guards: each trigger on its
-# table, enabled, running ``refuse_change`` with its body as made; the
+# table as made, enabled, running ``refuse_change`` with its body as made; the
 # schema's OID: see SCHEMA_LOCK; the log's views): one round trip for every open.
 FOUND = (
     "SELECT obj_description(to_regclass(%(hashes)s), 'pg_class'), "
-    "(SELECT COUNT(*) = cardinality(%(guards)s::text[]) FROM pg_trigger t "
-    "JOIN unnest(%(guarded)s::text[], %(guards)s::text[]) g(relation, name) "
-    "ON t.tgrelid = to_regclass(g.relation) AND t.tgname = g.name "
-    "JOIN pg_proc p ON p.oid = t.tgfoid "
-    "WHERE t.tgenabled <> 'D' AND p.oid = to_regprocedure(%(refusal)s) "
-    "AND p.prosrc = %(body)s), "
+    f"NOT EXISTS ({UNGUARDED}), "
     "(SELECT oid::int4 FROM pg_namespace WHERE nspname = %(schema)s), "
     # a keyword (user, default) that the ledger's and the library's SQL write unquoted
     "quote_ident(%(schema)s) <> %(schema)s, "
@@ -620,18 +636,25 @@ class PostgresStore:
             self._fail(describe(error))
 
     def _make_log_views(self, cursor: Any) -> None:
-        """The log's views that are missing, readable by whoever may read the others."""
-        for view in tables.create_log_views(cursor, self.dialect, str(self.stream), PROJECTIONS):
-            self._grant_like(cursor, view, "needs_reconnect")
+        """The log's views that are missing, readable by whoever may read the
+        others (``postgres_access``)."""
+        with postgres_access.kept(cursor):
+            tables.create_log_views(cursor, self.dialect, str(self.stream), PROJECTIONS)
+
+    def _guard_names(self) -> dict[str, Any]:
+        """The parameters of ``GUARD_STATES``."""
+        return {
+            "guarded": [f"{self.schema}.{table}" for table, _, _, _ in GUARDED],
+            "guards": [name for _, name, _, _ in GUARDED],
+            "fires": [fires for _, _, _, fires in GUARDED],
+            "refusal": f"{self.schema}.refuse_change()", "body": REFUSAL,
+        }
 
     def _found(self, connection: psycopg.Connection[Any]) -> Found:
         """What the schema holds (``Found``)."""
         names = {
             "hashes": f"{self.schema}.event_hashes", "schema": self.schema,
-            "guarded": [f"{self.schema}.{table}" for table, _, _ in GUARDED],
-            "guards": [name for _, name, _ in GUARDED],
-            "refusal": f"{self.schema}.refuse_change()", "body": REFUSAL,
-            "log_views": list(tables.LOG_VIEWS),
+            "log_views": list(tables.LOG_VIEWS), **self._guard_names(),
         }
         try:
             row = connection.execute(FOUND, names).fetchone()
@@ -946,17 +969,23 @@ class PostgresStore:
         finally:
             connection.close()
 
-    @staticmethod
-    def _grant_like(cursor: Any, new: str, existing: str) -> None:
-        """Let whoever may read ``existing`` read ``new`` too (a view an
-        upgrade adds, for the roles ``grant_reporting`` let read the others)."""
-        cursor.execute(
-            "SELECT DISTINCT grantee FROM information_schema.role_table_grants "
-            "WHERE table_schema = current_schema() AND table_name = %s "
-            "AND privilege_type = 'SELECT' AND grantee <> current_user", (existing,))
-        for (grantee,) in cursor.fetchall():
-            role = sql.SQL("PUBLIC") if grantee == "PUBLIC" else sql.Identifier(grantee)
-            cursor.execute(sql.SQL("GRANT SELECT ON {} TO {}").format(sql.Identifier(new), role))
+    def keeping_grants(self, cursor: Any) -> Any:
+        """Projection tables and views made again or redefined inside are
+        readable, and owned, as before (``postgres_access``)."""
+        return postgres_access.kept(cursor)
+
+    def guards(self, cursor: Any) -> Guards:
+        """The guards that are not as made (``GUARD_STATES``); only the
+        tables' owner, opening the store, makes them again (``_mend``)."""
+        cursor.execute(UNGUARDED, self._guard_names())
+        lacking = tuple(f"{name}: {how}" for name, how in cursor.fetchall())
+        owner = ""
+        if lacking:
+            cursor.execute(OWNER, (f"{self.schema}.stored_events",))
+            found = cursor.fetchone()
+            owner = f" ({found[0]})" if found and found[0] else ""
+        return Guards(lacking, f"open the store as the role that owns its tables{owner}: any "
+                               "alloc-ledger command run as it makes them again")
 
     def grant_reporting(self, role: str) -> list[str]:
         """Let a role read the projection tables and views, and nothing else:

@@ -14,7 +14,7 @@ import sqlite3
 import stat
 import time
 from collections.abc import Iterator
-from contextlib import closing, contextmanager
+from contextlib import closing, contextmanager, nullcontext
 from functools import cache
 from typing import Any
 from urllib.parse import quote
@@ -28,6 +28,7 @@ from ledger.store import (
     LEDGER_STREAM,
     PROJECTIONS,
     Decider,
+    Guards,
     LoggedEvent,
     decide_here,
     logged,
@@ -65,6 +66,23 @@ GUARDS = [
 # Each guard as SQLite keeps its text (``IF NOT EXISTS`` left out): one whose
 # text is another (replaced by hand with one that refuses nothing) is no guard.
 GUARD_TEXTS = [g.replace(" IF NOT EXISTS", "", 1) for g in GUARDS]
+
+
+def _named(cursor: sqlite3.Cursor, names: tuple[str, ...]) -> dict[str, str | None]:
+    """The SQL kept for each of some names in ``sqlite_master`` (a trigger's,
+    a view's, or what else holds the name), of those there."""
+    cursor.execute(
+        f"SELECT name, sql FROM sqlite_master WHERE name IN ({', '.join('?' * len(names))})",
+        names)
+    return {row[0]: row[1] for row in cursor.fetchall()}
+
+
+def _unguarded(found: dict[str, str | None]) -> tuple[str, ...]:
+    """The guards that are not as made, of ``_named``'s: ``name: missing``, or
+    ``name: altered`` (replaced by hand by one of other text)."""
+    return tuple(
+        f"{name}: {'missing' if name not in found else 'altered'}"
+        for name, text in zip(GUARD_NAMES, GUARD_TEXTS, strict=True) if found.get(name) != text)
 
 
 @cache
@@ -323,15 +341,8 @@ class SQLiteStore:
     def _create_schema(self) -> None:
         with self.reading() as cursor:
             version = _ledger_version(cursor)
-            cursor.execute(
-                "SELECT (SELECT COUNT(*) FROM sqlite_master WHERE type = 'trigger' "
-                f"AND name IN ({', '.join('?' * len(GUARD_NAMES))}) "
-                f"AND sql IN ({', '.join('?' * len(GUARD_TEXTS))})), "
-                "(SELECT COUNT(*) FROM sqlite_master "  # a view, or what else holds its name
-                f"WHERE name IN ({', '.join('?' * len(tables.ALL_VIEWS))}))",
-                (*GUARD_NAMES, *GUARD_TEXTS, *tables.ALL_VIEWS),
-            )
-            guards, views = cursor.fetchone()
+            found = _named(cursor, (*GUARD_NAMES, *tables.ALL_VIEWS))
+            views = sum(name in found for name in tables.ALL_VIEWS)  # or what else holds its name
             if version > SCHEMA_VERSION:
                 raise MadeByNewer(self.url, version, SCHEMA_VERSION)
             if version == 0:
@@ -346,7 +357,7 @@ class SQLiteStore:
             # Guards (ids: a store made before they were; any dropped or
             # replaced by hand) and a view dropped by hand made again; a table
             # dropped is not made again empty (``replay --repair`` makes it).
-            if not self.read_only and (guards < len(GUARDS) or views < len(tables.ALL_VIEWS)):
+            if not self.read_only and (_unguarded(found) or views < len(tables.ALL_VIEWS)):
                 with self.writing() as cursor:
                     for name, statement in zip(GUARD_NAMES, GUARDS, strict=True):
                         cursor.execute(f"DROP TRIGGER IF EXISTS {name}")
@@ -410,6 +421,18 @@ class SQLiteStore:
         """A write transaction: here, the projection tables are written only in
         the writers' own (``BEGIN IMMEDIATE``)."""
         return self.writing()
+
+    def keeping_grants(self, cursor: Any) -> Any:
+        """SQLite has no grants: whoever may read the file reads every table."""
+        return nullcontext()
+
+    def guards(self, cursor: Any) -> Guards:
+        """The guards that are not as made: only an open that may write the
+        file makes them again (``_create_schema``)."""
+        return Guards(
+            _unguarded(_named(cursor, GUARD_NAMES)),
+            f"open the store where its file may be written: any alloc-ledger command run by "
+            f"a user who may write {self.path} makes them again")
 
     @contextmanager
     def reading(self) -> Iterator[sqlite3.Cursor]:

@@ -37,6 +37,15 @@ class LoggedEvent(NamedTuple):
     state: bytes
 
 
+class Guards(NamedTuple):
+    """The state of the log's append-only guards: those that are not as
+    made (each ``name: missing``, ``altered`` or ``disabled``; none when all
+    are in place), and how to have them made again."""
+
+    lacking: tuple[str, ...]
+    remedy: str
+
+
 Kept = StoredEvent | LoggedEvent  # what decoding accepts
 logged = partial(tuple.__new__, LoggedEvent)  # a LoggedEvent from a tuple, without _make's checks
 
@@ -103,6 +112,14 @@ class Store(Protocol):
 
     def reading(self) -> AbstractContextManager[Any]:
         """A read-only transaction with a consistent view."""
+
+    def keeping_grants(self, cursor: Any) -> AbstractContextManager[None]:
+        """Around making projection tables and views again in a transaction:
+        each one made again (dropped by hand before, or inside) or redefined
+        is readable, and owned, as before (PostgreSQL's grants; SQLite has none)."""
+
+    def guards(self, cursor: Any) -> Guards:
+        """Whether the log's append-only guards are in place, each as made."""
 
     def preload(self, cursor: Any, sql: Any, cluster: Any, batch: list[dict[str, Any]]) -> None:
         """Load what a batch names into the cluster's caches, where a load costs

@@ -11,7 +11,10 @@ tables, and those writers decide against where they are others
 view that still does, and sets the tracking position to the head. It
 checks that nothing differs any more before it commits: a repair is whole
 or not at all (a table dropped by hand is made again in that transaction,
-never left empty for writers to decide against). The log is never written;
+never left empty for writers to decide against). A table or view made
+again is readable, and owned, as before (``Store.keeping_grants``: on
+PostgreSQL, one dropped by hand gets what the others share, so the roles
+``grant-reporting`` gave them read it again). The log is never written;
 ``verify`` is its check.
 """
 
@@ -61,7 +64,7 @@ def repair(store: Store) -> ReplayReport:
 def _replaced(store: Store, scratch: Scratch) -> ReplayReport | None:
     """In one transaction, if the log still ends where ``scratch`` does (else
     None: replay the rest first): compare, replace what differs, check."""
-    with store.repairing() as cursor:
+    with store.repairing() as cursor, store.keeping_grants(cursor):
         head = store.head(cursor)
         if head != scratch.position:
             return None

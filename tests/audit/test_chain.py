@@ -9,10 +9,14 @@ from __future__ import annotations
 import json
 import random
 import sqlite3
+import subprocess
+import uuid
 from typing import Any
+from urllib.parse import urlsplit
 
 import pytest
 from audit_support import (
+    CLI,
     Attack,
     Attacker,
     StoreUnderTest,
@@ -21,6 +25,7 @@ from audit_support import (
     run,
     texts,
 )
+from cli_support import bound_by_file_modes
 
 from ledger import chain
 from ledger.application import Ledger
@@ -578,10 +583,15 @@ UNGUARDING = {
     "its update guard dropped": ("sqlite", "postgresql"),
     "its update guard replaced": ("sqlite",),
     "its guards disabled": ("postgresql",),
+    "its update guard made to fire only for replicas": ("postgresql",),
+    "its update guard given a condition": ("postgresql",),
+    "its update guard narrowed to deletes": ("postgresql",),
+    "its update guard narrowed to another column": ("postgresql",),
     "the guards' function dropped": ("postgresql",),
     "the guards' function replaced": ("postgresql",),
 }
 UNCHANGED = {"stored_events": "topic", "event_hashes": "hash", "event_ids": "position"}
+OTHER_COLUMN = {"stored_events": "state", "event_hashes": "position", "event_ids": "id"}
 
 
 def unguard(attacker: Attacker, how: str, table: str) -> None:
@@ -597,6 +607,16 @@ def unguard(attacker: Attacker, how: str, table: str) -> None:
                      "BEGIN SELECT 1; END")
     elif how == "its guards disabled":
         attacker.sql(f"ALTER TABLE {table} DISABLE TRIGGER USER")
+    elif how == "its update guard made to fire only for replicas":
+        attacker.sql(f"ALTER TABLE {table} ENABLE REPLICA TRIGGER {table}_append_only")
+    elif how.startswith("its update guard "):  # replaced under its name, refusing less
+        fires = {"its update guard given a condition": "UPDATE OR DELETE",
+                 "its update guard narrowed to deletes": "DELETE",
+                 "its update guard narrowed to another column":
+                     f"UPDATE OF {OTHER_COLUMN[table]} OR DELETE"}[how]
+        when = "WHEN (false) " if how.endswith("condition") else ""
+        attacker.sql(f"CREATE OR REPLACE TRIGGER {table}_append_only BEFORE {fires} ON {table} "
+                     f"FOR EACH ROW {when}EXECUTE FUNCTION refuse_change()")
     elif how == "the guards' function dropped":
         attacker.sql("DROP FUNCTION refuse_change() CASCADE")
     else:
@@ -642,6 +662,115 @@ def test_guards_taken_away_by_hand_are_made_again_when_the_store_is_next_opened(
             attacker.sql(statement)
     checked = run("verify", url=target.url)
     assert checked.returncode == 0, checked.stderr
+
+
+LOG = ("stored_events", "event_hashes", "event_ids")
+
+
+def lacking(dialect: str, how: str, table: str) -> list[str]:
+    """What ``verify`` names of the guards once ``unguard`` took them away."""
+    if dialect == "sqlite":
+        every = [f"{t}_append_only_{op}" for t in LOG for op in ("update", "delete")]
+        return {
+            "every guard dropped": [f"{name}: missing" for name in every],
+            "its update guard dropped": [f"{table}_append_only_update: missing"],
+            "its update guard replaced": [f"{table}_append_only_update: altered"],
+        }[how]
+    triggers = [f"{t}_{kind}" for t in LOG for kind in ("append_only", "no_truncate")]
+    if how == "every guard dropped":
+        return [f"{name}: missing" for name in triggers]
+    if how == "the guards' function dropped":  # with its triggers
+        return ["refuse_change(): missing", *(f"{name}: missing" for name in triggers)]
+    if how == "the guards' function replaced":
+        return ["refuse_change(): altered"]
+    if how == "its guards disabled":
+        return [f"{table}_append_only: disabled", f"{table}_no_truncate: disabled"]
+    state = {"its update guard dropped": "missing",
+             "its update guard made to fire only for replicas": "disabled"}.get(how, "altered")
+    return [f"{table}_append_only: {state}"]
+
+
+def verified_where_guards_cannot_be_made(target: StoreUnderTest) -> subprocess.CompletedProcess[bytes]:
+    """``verify`` run by someone whose open does not make the guards again: on
+    SQLite a user who may not write the file, on PostgreSQL a role that may
+    read the log but does not own its tables."""
+    if target.dialect == "sqlite":
+        assert target.path is not None
+        target.path.chmod(0o444)
+        try:
+            return subprocess.run(bound_by_file_modes(  # noqa: PLW1510 - the test judges it
+                [*CLI, "--store", target.url, "verify", "--format", "json"]),
+                capture_output=True, timeout=60)
+        finally:
+            target.path.chmod(0o644)
+    auditor = f"auditor_{uuid.uuid4().hex[:10]}"
+    target.sql(f"CREATE ROLE {auditor} LOGIN")
+    try:
+        target.sql(f"GRANT USAGE ON SCHEMA {target.schema} TO {auditor}")
+        target.sql(f"GRANT SELECT ON ALL TABLES IN SCHEMA {target.schema} TO {auditor}")
+        parts = urlsplit(target.url)
+        url = parts._replace(netloc=f"{auditor}@{parts.hostname}:{parts.port or 5432}").geturl()
+        return run("verify", "--format", "json", url=url)
+    finally:
+        target.sql(f"DROP OWNED BY {auditor}")
+        target.sql(f"DROP ROLE {auditor}")
+
+
+def remedy(target: StoreUnderTest) -> str:
+    if target.dialect == "sqlite":
+        return ("open the store where its file may be written: any alloc-ledger command run by "
+                f"a user who may write {target.path} makes them again")
+    return ("open the store as the role that owns its tables (postgres): any alloc-ledger "
+            "command run as it makes them again")
+
+
+@pytest.mark.parametrize(("dialect", "how"), [
+    pytest.param(dialect, how, marks=[pytest.mark.postgres] if dialect == "postgresql" else [])
+    for how, dialects in UNGUARDING.items() for dialect in dialects
+])
+def test_verify_names_the_guards_an_open_that_may_not_make_them_left_missing(
+    request: pytest.FixtureRequest, dialect: str, how: str,
+) -> None:
+    """Missing guards prove no edit (exit 0, the chain verifies), but nothing
+    stops one: ``guards`` names them, and a warning says how to get them
+    back; the owner's next open makes them again."""
+    target = request.getfixturevalue("sqlite_under_test" if dialect == "sqlite" else "pg_under_test")
+    with Ledger.open(target.url) as ledger:
+        list(ledger.submit_many(texts(history(20, nodes=4)), batch=20))
+    unguard(Attacker(target), how, "stored_events")
+    named = lacking(dialect, how, "stored_events")
+
+    checked = verified_where_guards_cannot_be_made(target)
+
+    assert checked.returncode == 0, checked.stderr
+    answer = json.loads(checked.stdout)
+    assert (answer["ok"], answer["verified"], answer["guards"]) == (True, 20, named)
+    assert checked.stderr.decode() == (
+        f"warning: the log's append-only guards are not in place ({', '.join(named)}): "
+        f"nothing stops an edit of the log until they are made again; {remedy(target)}\n")
+
+    again = run("verify", "--format", "json", url=target.url)
+    assert (again.returncode, again.stderr) == (0, b"")
+    assert json.loads(again.stdout)["guards"] == "in place"
+
+
+def test_an_edited_log_whose_guards_are_gone_fails_verify_and_warns_of_the_guards(
+    sqlite_under_test: StoreUnderTest,
+) -> None:
+    """The edit is what fails it (exit 1); the guards are said besides."""
+    target = sqlite_under_test
+    attacker = simulated_and_unguarded(target, 40)
+    attacker.edit(12, random.Random(3))
+
+    checked = verified_where_guards_cannot_be_made(target)
+
+    assert checked.returncode == 1, checked.stderr
+    answer = json.loads(checked.stdout)
+    assert (answer["ok"], answer["position"]) == (False, 12)
+    assert answer["guards"] == lacking("sqlite", "every guard dropped", "")
+    warning, error = checked.stderr.decode().splitlines()
+    assert warning.startswith("warning: the log's append-only guards are not in place (")
+    assert error.startswith("Error: verify failed at position 12: ")
 
 
 def test_a_tracking_position_lowered_by_hand_is_named_not_the_log(

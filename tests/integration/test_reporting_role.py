@@ -375,3 +375,161 @@ def test_granting_public_is_said_to_reach_every_role_made_later_too(
     assert result.stderr == ("warning: PUBLIC is every role, those made later too: each of "
                              "them may now read the projection tables\n")
     assert as_role("SELECT node FROM nodes") == [("n1",)]  # a role given nothing itself
+
+
+# -- a repair keeps who may read (and who owns) what it makes again --------------
+
+
+def access(pg_admin, schema: str) -> list[tuple[Any, ...]]:
+    """Every table and view of the schema with its owner and each grant
+    beyond the owner's own: (relation, owner, grantee, privilege, grantable)."""
+    return pg_admin(
+        "SELECT c.relname::text, pg_get_userbyid(c.relowner), "
+        "CASE WHEN a.grantee = 0 THEN 'PUBLIC' ELSE pg_get_userbyid(a.grantee) END, "
+        "a.privilege_type, a.is_grantable FROM pg_class c "
+        "LEFT JOIN LATERAL aclexplode(c.relacl) a ON a.grantee <> c.relowner "
+        f"WHERE c.relnamespace = '{schema}'::regnamespace AND c.relkind IN ('r', 'v') "
+        "AND c.relname NOT LIKE 'replay%' ORDER BY 1, 3, 4")
+
+
+DAMAGES = {  # what a DBA did by hand that a repair makes again
+    "a table dropped, and the views over it": ["DROP TABLE allocations CASCADE"],
+    "a view redefined": [
+        "DROP VIEW zombie_slots",
+        ("CREATE VIEW zombie_slots AS SELECT node, slot, alloc, 'moved' AS reason, "
+         "since_position AS position FROM slots")],
+    "a decision table dropped": ["DROP TABLE state_allocations CASCADE"],
+}
+
+
+@pytest.fixture
+def other_roles(pg_admin, pg_schema, ledger_url, granted) -> Iterator[tuple[str, str]]:
+    """Besides the reporting role: one a DBA let read nodes alone, and one a
+    DBA let write the projection and decision tables (a writer of its own)."""
+    one, writer = f"{granted}_one", f"{granted}_w"
+    written = ", ".join([*PROJECTIONS, *(f"state_{t}" for t in PROJECTIONS)])
+    for statement in (
+        f"CREATE ROLE {one} LOGIN", f"CREATE ROLE {writer} LOGIN",
+        f"GRANT USAGE ON SCHEMA {pg_schema} TO {one}, {writer}",
+        f"GRANT SELECT ON {pg_schema}.nodes TO {one}",
+        (f"SET search_path = {pg_schema}; "
+         f"GRANT SELECT, INSERT, UPDATE, DELETE ON {written} TO {writer}"),
+    ):
+        pg_admin(statement)
+    yield one, writer
+    for role in (one, writer):
+        pg_admin(f"DROP OWNED BY {role}")
+        pg_admin(f"DROP ROLE {role}")
+
+
+@pytest.mark.parametrize("damage", list(DAMAGES))
+def test_what_a_repair_makes_again_is_readable_by_exactly_whom_it_was_before(
+    damage, granted, other_roles, as_role, ledger_url, alloc_ledger, pg_schema, pg_admin
+):
+    """A relation dropped by hand gets what its siblings all share: the
+    reporting role's SELECT and the writer's rights, not the grant on nodes
+    alone; a view redefined in place keeps its own and gets theirs."""
+    before = access(pg_admin, pg_schema)
+    for statement in DAMAGES[damage]:
+        pg_admin(f"SET search_path = {pg_schema}; {statement}")
+
+    repaired = alloc_ledger("replay", "--repair", url=ledger_url)
+
+    assert repaired.returncode == 0, repaired.stderr
+    assert access(pg_admin, pg_schema) == before
+    for name in PROJECTIONS + VIEWS:
+        as_role(f"SELECT * FROM {name}")
+    for statement in ("DELETE FROM allocations", "SELECT * FROM state_allocations"):
+        with pytest.raises(psycopg.errors.InsufficientPrivilege):
+            as_role(statement)
+
+
+def test_every_projection_table_dropped_is_made_again_readable_as_the_views_are(
+    granted, as_role, ledger_url, alloc_ledger, pg_schema, pg_admin
+):
+    """No table left to learn from: the SELECT grants every view left has."""
+    pg_admin(f"SET search_path = {pg_schema}; DROP TABLE {', '.join(PROJECTIONS)} CASCADE")
+
+    repaired = alloc_ledger("replay", "--repair", url=ledger_url)
+
+    assert repaired.returncode == 0, repaired.stderr
+    assert [row for row in access(pg_admin, pg_schema) if row[0] in PROJECTIONS + VIEWS] == [
+        (name, "postgres", granted, "SELECT", False) for name in sorted(PROJECTIONS + VIEWS)]
+    assert as_role("SELECT node, slot, state, alloc FROM slots") == [("n1", 0, "allocated", "a1")]
+
+
+def test_a_table_dropped_and_made_again_inside_gets_its_own_grants_and_no_default_ones(
+    granted, other_roles, ledger_url, pg_schema, pg_admin
+):
+    """Noted before it was dropped: exactly what it had (the grant on nodes
+    alone too), not what the schema's default privileges give a new table."""
+    from ledger.store import open_store
+    from projections import tables
+
+    defaults = f"DEFAULT PRIVILEGES IN SCHEMA {pg_schema}"
+    pg_admin(f"ALTER {defaults} GRANT INSERT ON TABLES TO {granted}")
+    before = access(pg_admin, pg_schema)
+    store = open_store(ledger_url, create=False)
+    try:
+        with store.repairing() as cursor, store.keeping_grants(cursor):
+            cursor.execute("DROP TABLE nodes CASCADE")  # the views over it too
+            tables.create(cursor, "postgresql")
+    finally:
+        store.close()
+        pg_admin(f"ALTER {defaults} REVOKE INSERT ON TABLES FROM {granted}")
+
+    assert access(pg_admin, pg_schema) == before
+
+
+def test_a_log_view_an_open_makes_again_is_readable_by_the_reporting_role(
+    granted, as_role, ledger_url, pg_schema, pg_admin
+):
+    from ledger.store import open_store
+
+    before = access(pg_admin, pg_schema)
+    pg_admin(f"DROP VIEW {pg_schema}.log_positions")
+
+    open_store(ledger_url, create=False).close()
+
+    assert access(pg_admin, pg_schema) == before
+    assert as_role("SELECT position FROM log_positions ORDER BY 1") == [(1,), (2,), (3,), (4,)]
+
+
+def test_a_superuser_s_repair_leaves_what_it_makes_again_to_the_ledger_s_owner(
+    pg_dsn, pg_schema, pg_admin, role, as_role, alloc_ledger, project
+):
+    """Made by a superuser, a table would be the superuser's: the ledger's
+    own role could no longer write it, nor the reporting role read it."""
+    owner = f"{role}_owner"
+    database = urlsplit(pg_dsn).path.lstrip("/")
+    pg_admin(f"CREATE ROLE {owner} LOGIN")
+    try:
+        pg_admin(f"GRANT CREATE ON DATABASE {database} TO {owner}")
+        parts = urlsplit(pg_dsn)
+        owned = parts._replace(netloc=f"{owner}@{parts.hostname}:{parts.port or 5432}",
+                               query=f"schema={pg_schema}").geturl()
+        with Ledger.open(owned) as ledger:
+            ledger.submit({"type": "node-registered", "node": "n1", "slots": 1})
+            ledger.submit({"type": "heartbeat", "node": "n1"})
+            ledger.submit({"type": "alloc-placed", "alloc": "a1", "node": "n1", "slot": 0})
+        project(owned)
+        assert alloc_ledger("grant-reporting", role, url=owned).returncode == 0
+        before = access(pg_admin, pg_schema)
+        pg_admin(f"DROP TABLE {pg_schema}.allocations CASCADE")
+
+        repaired = alloc_ledger("replay", "--repair", url=parts._replace(
+            query=f"schema={pg_schema}").geturl())  # as the test database's superuser
+
+        assert repaired.returncode == 0, repaired.stderr
+        assert access(pg_admin, pg_schema) == before
+        assert as_role("SELECT alloc FROM allocations") == [("a1",)]
+        placed = alloc_ledger("submit", "alloc-placed", "--alloc", "a2", "--node", "n1",
+                              url=owned)
+        assert placed.returncode == 0, placed.stderr
+        projected = alloc_ledger("project", url=owned)  # the owner writes the table made again
+        assert projected.returncode == 0, projected.stderr
+        assert as_role("SELECT alloc FROM allocations ORDER BY 1") == [("a1",), ("a2",)]
+    finally:
+        pg_admin(f"DROP SCHEMA IF EXISTS {pg_schema} CASCADE")
+        pg_admin(f"DROP OWNED BY {owner}")
+        pg_admin(f"DROP ROLE {owner}")
