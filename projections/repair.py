@@ -98,7 +98,9 @@ def _relations(store: Store) -> list[tuple[str, tuple[str, ...]]]:
 def _differing(
     cursor: Any, scratch: Scratch, prefix: str, relations: tuple[str, ...] | set[str]
 ) -> list[Difference]:
-    return compare(cursor, expected=scratch.prefix, found=prefix, relations=tuple(relations))
+    """What differs, a view's definition included (one redefined by hand is made again)."""
+    return compare(cursor, expected=scratch.prefix, found=prefix, relations=tuple(relations),
+                   dialect=scratch.store.dialect)
 
 
 def _relation(difference: Difference, prefix: str) -> str:

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 from audit_support import StoreUnderTest, one_line_error, run
-from test_replay import live_tables, replayed, scratch_tables, told
+from test_replay import live_tables, redefine_zombie_slots, replayed, scratch_tables, told
 
 from ledger.application import Ledger
 from projections.repair import repair
@@ -245,3 +245,20 @@ def test_a_repair_that_cannot_make_the_tables_equal_changes_nothing(
     assert str(error.value).endswith(" in nodes; nothing was changed")
     assert live_tables(under_test) == edited
     assert under_test.sql(f"SELECT notification_id FROM tracking {PROJECTIONS}")[0][0] == 200
+
+
+def test_a_view_redefined_by_hand_is_made_again_whatever_it_held(
+    under_test: StoreUnderTest,
+) -> None:
+    """Named by its definition, not its rows, and made again as the ledger
+    makes it: its answers are the tables' again."""
+    told(under_test)
+    redefine_zombie_slots(under_test)
+
+    done = run("replay", "--repair", "--format", "json", url=under_test.url)
+
+    assert done.returncode == 0, done.stderr
+    assert [(d["table"], d["problem"]) for d in json.loads(done.stdout)["differences"]] == [
+        ("zombie_slots", "redefined")]
+    code, report, stderr = replayed(under_test)
+    assert (code, report["differences"]) == (0, []), stderr
