@@ -79,8 +79,8 @@ def replay(ctx: click.Context, to: int | None, repair: bool, fmt: str | None) ->
         count = len(report.differences)
         click.echo(f"repaired: {count} difference{'s' if count != 1 else ''} with "
                    f"{report.compared_with}; the live tables now hold the replay of the log up "
-                   f"to position {report.repaired} (writers that were running keep what they "
-                   "had loaded before: restart them)", err=True)
+                   f"to position {report.repaired} (running writers load what they decide "
+                   "against again with their next batch)", err=True)
     elif not report.ok:
         count = len(report.differences)
         raise click.ClickException(

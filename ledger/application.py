@@ -22,7 +22,7 @@ from ledger.errors import InvalidEvent, LogEdited, RuleViolation
 from ledger.model import RULES, Event, Fact, Receipt, answered, timestamp, valid_of
 from ledger.records import REJECTED, Record, decode, encode
 from ledger.retries import First
-from ledger.store import LoggedEvent, Store, open_store
+from ledger.store import LoggedEvent, Store, open_store, repairs
 from projections.projector import Projector
 from projections.rows import ChangedRows, Statements, TableSource, changed_rows
 
@@ -65,6 +65,7 @@ class Ledger:
         # The last position this process decided, with its chain hash.
         self._last: tuple[int, str] | None = None
         self._closed = False
+        self._repairs: int | None = None  # the count of repairs last seen
         self._recent_ids: dict[str, First] = {}  # client ids of the last batch it decided
         self._deciding = threading.RLock()  # a PostgreSQL standby thread may decide too
 
@@ -154,8 +155,9 @@ class Ledger:
         way the projections do not follow: the caller locked the log without
         the tracking row."""
         with self._deciding:
-            head = self.store.head(cursor)
-            if head != decided.after or not self._kept_hash_is(cursor, head, decided.base):
+            head, repaired = self.store.head(cursor), self._repaired(cursor)
+            if (head != decided.after or repaired
+                    or not self._kept_hash_is(cursor, head, decided.base)):
                 self.forget()  # decided again: still ahead, so not projected inline
                 return self._decide(cursor, decided.batch, inline=False)
         # What it writes was decided and is not changed by what is decided
@@ -171,9 +173,10 @@ class Ledger:
             self._recent_ids = {}
 
     def _decide(self, cursor: Any, batch: list[Event], inline: bool | None = None) -> list[Receipt]:
-        head = self.store.head(cursor)
+        head, repaired = self.store.head(cursor), self._repaired(cursor)
         last = self._last
-        if last is None or last[0] != head or not self._kept_hash_is(cursor, head, last[1]):
+        if (last is None or last[0] != head or repaired
+                or not self._kept_hash_is(cursor, head, last[1])):
             self.forget()  # another process wrote since we last did, or ours went otherwise
         decided = self._decide_in_memory(cursor, batch, head)
         self._write(cursor, decided, inline)
@@ -288,6 +291,13 @@ class Ledger:
         if found is None:
             raise LogEdited(f"the hash chain has no entry for position {position}")
         return found
+
+    def _repaired(self, cursor: Any) -> bool:
+        """Whether a repair replaced projection tables since this last looked
+        (``ledger.store.count_repair``): what the caches loaded from them
+        before may be what it repaired."""
+        seen, self._repairs = self._repairs, repairs(cursor, self.store.param)
+        return seen is not None and seen != self._repairs
 
     def _kept_hash_is(self, cursor: Any, position: int, chain_hash: str) -> bool:
         """Whether the hash kept for ``position`` (the head just read) is

@@ -25,6 +25,9 @@ from ledger.model import Receipt
 DEFAULT_URL = "sqlite:///alloc-ledger.db"
 LEDGER_STREAM = uuid5(NAMESPACE_URL, "https://alloc-ledger/ledger")
 PROJECTIONS = "projections"
+# The row of ``tracking`` that counts the repairs that replaced projection
+# tables: a writer whose caches were loaded from them before one drops them.
+REPAIRS = "repairs"
 
 
 class LoggedEvent(NamedTuple):
@@ -278,3 +281,23 @@ def open_store(url: str | None = None, create: bool = True) -> Store:
         f"cannot open store {redacted(url)!r}: use sqlite:///path/to/ledger.db or "
         "postgresql://user:password@host:port/db"
     )
+
+
+def repairs(cursor: Any, param: str) -> int:
+    """How many repairs have replaced projection tables (``count_repair``)."""
+    cursor.execute(
+        f"SELECT notification_id FROM tracking WHERE application_name = {param}", (REPAIRS,))
+    row = cursor.fetchone()
+    return int(row[0]) if row is not None else 0
+
+
+def count_repair(cursor: Any, param: str) -> None:
+    """One more repair, counted in its transaction: every writer sees it with
+    the next batch it decides (``repairs``) and drops what it had loaded from
+    the tables before (an entity read while a row was damaged would be
+    written back)."""
+    cursor.execute("UPDATE tracking SET notification_id = notification_id + 1 "
+                   f"WHERE application_name = {param}", (REPAIRS,))
+    if cursor.rowcount == 0:
+        cursor.execute("INSERT INTO tracking (application_name, notification_id) "
+                       f"VALUES ({param}, 1)", (REPAIRS,))

@@ -23,7 +23,7 @@ from __future__ import annotations
 from typing import Any
 
 from ledger.errors import LedgerError
-from ledger.store import Store
+from ledger.store import Store, count_repair
 from projections import tables
 from projections.replay import (
     DECISIONS,
@@ -78,6 +78,7 @@ def _replaced(store: Store, scratch: Scratch) -> ReplayReport | None:
                 _replace(cursor, store, scratch, prefix, {_relation(d, prefix) for d in differing})
         if report.differences or tracked != head:
             _track(cursor, store, tracked, head)
+            count_repair(cursor, store.param)  # running writers drop what they loaded before
             report.repaired = head
     return report
 

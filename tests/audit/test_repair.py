@@ -49,8 +49,8 @@ def test_repair_makes_edited_tables_equal_to_the_replay_and_says_what_it_repaire
     assert report["compared_with"].startswith(f"the live tables at position {EVENTS}")
     assert said == (
         f"repaired: {len(report['differences'])} differences with {report['compared_with']}; "
-        f"the live tables now hold the replay of the log up to position {EVENTS} (writers that "
-        "were running keep what they had loaded before: restart them)\n")
+        f"the live tables now hold the replay of the log up to position {EVENTS} (running writers "
+        "load what they decide against again with their next batch)\n")
     assert live_tables(under_test) == untouched
     assert log_rows(under_test) == log
     assert scratch_tables(under_test) == []
@@ -262,3 +262,26 @@ def test_a_view_redefined_by_hand_is_made_again_whatever_it_held(
         ("zombie_slots", "redefined")]
     code, report, stderr = replayed(under_test)
     assert (code, report["differences"]) == (0, []), stderr
+
+
+def test_a_running_writer_drops_what_it_loaded_before_a_repair(
+    under_test: StoreUnderTest,
+) -> None:
+    """A writer that loaded a damaged row before the repair does not decide
+    against it after: it sees the repair with its next batch and loads again."""
+    decisions = "state_nodes" if under_test.dialect == "postgresql" else "nodes"
+    with Ledger.open(under_test.url) as writer:
+        assert writer.submit({"type": "node-registered", "node": "n1", "slots": 2}).ok
+        under_test.sql(f"UPDATE {decisions} SET status = 'removed' WHERE node = 'n1'")
+        writer.forget()  # as a writer started after the damage: it loads the damaged row
+        refused = writer.submit({"type": "heartbeat", "node": "n1"})
+        assert (refused.status, refused.error) == ("rejected", "node n1 has been removed")
+
+        report, _ = repaired(under_test)
+        assert report["repaired"] == 2
+        after = writer.submit({"type": "heartbeat", "node": "n1"})
+        assert (after.status, after.error) == ("appended", None)
+
+    assert run("project", url=under_test.url).returncode == 0
+    code, report, _ = replayed(under_test)
+    assert (code, report["differences"]) == (0, [])
