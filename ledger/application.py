@@ -22,7 +22,7 @@ from ledger.errors import InvalidEvent, LogEdited, RuleViolation
 from ledger.model import RULES, Event, Fact, Receipt, answered, timestamp, valid_of
 from ledger.records import REJECTED, Record, decode, encode
 from ledger.retries import First
-from ledger.store import LoggedEvent, Store, open_store, repairs
+from ledger.store import LoggedEvent, Store, open_store
 from projections.projector import Projector
 from projections.rows import ChangedRows, Statements, TableSource, changed_rows
 
@@ -155,7 +155,7 @@ class Ledger:
         way the projections do not follow: the caller locked the log without
         the tracking row."""
         with self._deciding:
-            head, repaired = self.store.head(cursor), self._repaired(cursor)
+            head, repaired = self._head(cursor)
             if (head != decided.after or repaired
                     or not self._kept_hash_is(cursor, head, decided.base)):
                 self.forget()  # decided again: still ahead, so not projected inline
@@ -173,7 +173,7 @@ class Ledger:
             self._recent_ids = {}
 
     def _decide(self, cursor: Any, batch: list[Event], inline: bool | None = None) -> list[Receipt]:
-        head, repaired = self.store.head(cursor), self._repaired(cursor)
+        head, repaired = self._head(cursor)
         last = self._last
         if (last is None or last[0] != head or repaired
                 or not self._kept_hash_is(cursor, head, last[1])):
@@ -292,12 +292,13 @@ class Ledger:
             raise LogEdited(f"the hash chain has no entry for position {position}")
         return found
 
-    def _repaired(self, cursor: Any) -> bool:
-        """Whether a repair replaced projection tables since this last looked
-        (``ledger.store.count_repair``): what the caches loaded from them
-        before may be what it repaired."""
-        seen, self._repairs = self._repairs, repairs(cursor, self.store.param)
-        return seen is not None and seen != self._repairs
+    def _head(self, cursor: Any) -> tuple[int, bool]:
+        """The head, and whether a repair replaced projection tables since
+        this last looked (``ledger.store.count_repair``): what the caches
+        loaded from them before may be what it repaired."""
+        head, count = self.store.head_and_repairs(cursor)
+        seen, self._repairs = self._repairs, count
+        return head, seen is not None and seen != count
 
     def _kept_hash_is(self, cursor: Any, position: int, chain_hash: str) -> bool:
         """Whether the hash kept for ``position`` (the head just read) is

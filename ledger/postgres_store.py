@@ -44,6 +44,7 @@ from ledger.postgres_writes import LogRecorder
 from ledger.store import (
     LEDGER_STREAM,
     PROJECTIONS,
+    REPAIRS,
     Decider,
     Guards,
     LoggedEvent,
@@ -846,16 +847,21 @@ class PostgresStore:
         self._preload.fill(cluster, named, sent)
 
     def head(self, cursor: Any) -> int:
-        """The last position, read together with its chain hash (the next append needs it)."""
+        return self.head_and_repairs(cursor)[0]
+
+    def head_and_repairs(self, cursor: Any) -> tuple[int, int]:
+        """The last position, read together with its chain hash (the next
+        append needs it) and the count of repairs, in one round trip."""
         cursor.execute(
-            "SELECT last, (SELECT hash FROM event_hashes WHERE position = last) FROM "
+            "SELECT last, (SELECT hash FROM event_hashes WHERE position = last), "
+            f"(SELECT notification_id FROM {TRACKING} WHERE application_name = %s) FROM "
             "(SELECT MAX(originator_version) AS last FROM stored_events "
             "WHERE originator_id = %s) head",
-            (self.stream,),
+            (REPAIRS, self.stream),
         )
-        last, chain_hash = cursor.fetchone()
+        last, chain_hash, repairs = cursor.fetchone()
         self._local.last = (last or 0, chain_hash)
-        return int(last or 0)
+        return int(last or 0), int(repairs or 0)
 
     def write_kept(
         self, cursor: Any, sql: Any, events: list[LoggedEvent], hashes: list[tuple[int, str]],

@@ -27,6 +27,7 @@ from ledger.errors import MadeByNewer, StoreUnavailable, first_few
 from ledger.store import (
     LEDGER_STREAM,
     PROJECTIONS,
+    REPAIRS,
     Decider,
     Guards,
     LoggedEvent,
@@ -459,6 +460,15 @@ class SQLiteStore:
             (self.stream,),
         )
         return cursor.fetchone()[0] or 0
+
+    def head_and_repairs(self, cursor: Any) -> tuple[int, int]:
+        cursor.execute(
+            "SELECT (SELECT MAX(originator_version) FROM stored_events WHERE originator_id = ?), "
+            "(SELECT notification_id FROM tracking WHERE application_name = ?)",
+            (self.stream, REPAIRS),
+        )
+        head, repairs = cursor.fetchone()
+        return head or 0, repairs or 0
 
     def hash_at(self, cursor: Any, position: int) -> str | None:
         cursor.execute("SELECT hash FROM event_hashes WHERE position = ?", (position,))

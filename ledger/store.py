@@ -131,6 +131,10 @@ class Store(Protocol):
     def head(self, cursor: Any) -> int:
         """The position of the last event in the log (0 when empty)."""
 
+    def head_and_repairs(self, cursor: Any) -> tuple[int, int]:
+        """The head, and how many repairs have replaced projection tables
+        (``count_repair``), read at once: a writer checks both per batch."""
+
     def write_kept(
         self, cursor: Any, sql: Any, events: list[LoggedEvent], hashes: list[tuple[int, str]],
         ids: list[tuple[str, int]], changed: Any,
@@ -283,19 +287,11 @@ def open_store(url: str | None = None, create: bool = True) -> Store:
     )
 
 
-def repairs(cursor: Any, param: str) -> int:
-    """How many repairs have replaced projection tables (``count_repair``)."""
-    cursor.execute(
-        f"SELECT notification_id FROM tracking WHERE application_name = {param}", (REPAIRS,))
-    row = cursor.fetchone()
-    return int(row[0]) if row is not None else 0
-
-
 def count_repair(cursor: Any, param: str) -> None:
     """One more repair, counted in its transaction: every writer sees it with
     the next batch it decides (``repairs``) and drops what it had loaded from
     the tables before (an entity read while a row was damaged would be
-    written back)."""
+    written back): ``Store.head_and_repairs``."""
     cursor.execute("UPDATE tracking SET notification_id = notification_id + 1 "
                    f"WHERE application_name = {param}", (REPAIRS,))
     if cursor.rowcount == 0:
