@@ -71,11 +71,14 @@ def _replaced(store: Store, scratch: Scratch) -> ReplayReport | None:
         tracked = store.tracked(cursor)
         report = ReplayReport(head, head, _compared_with(store, tracked, head), repairing=True)
         for prefix, relations in _relations(store):
-            tables.create(cursor, store.dialect, prefix)  # what was dropped, empty for now
+            # A table dropped by hand made again, empty for now; not yet its
+            # indexes and views: a table that lost a column by hand cannot take them.
+            tables.create(cursor, store.dialect, prefix, indexes=False, views=False)
             differing = _differing(cursor, scratch, prefix, relations)
             report.differences += differing
             if differing:
-                _replace(cursor, store, scratch, prefix, {_relation(d, prefix) for d in differing})
+                _replace(cursor, store, scratch, prefix, differing)
+                tables.create(cursor, store.dialect, prefix)  # what is still missing
         if report.differences or tracked != head:
             _track(cursor, store, tracked, head)
             count_repair(cursor, store.param)  # running writers drop what they loaded before
@@ -109,10 +112,14 @@ def _relation(difference: Difference, prefix: str) -> str:
 
 
 def _replace(
-    cursor: Any, store: Store, scratch: Scratch, prefix: str, differing: set[str]
+    cursor: Any, store: Store, scratch: Scratch, prefix: str, differences: list[Difference]
 ) -> None:
-    """The differing tables' rows replaced by the replay's; then the views
-    that still differ (redefined by hand) made again as they were made."""
+    """The differing tables' rows replaced by the replay's (a table that lacks
+    a column made again first); then the views that still differ (redefined
+    by hand) made again as they were made."""
+    differing = {_relation(d, prefix) for d in differences}
+    if lacking := {_relation(d, prefix) for d in differences if d.problem == "column missing"}:
+        tables.remake(cursor, store.dialect, prefix, tuple(sorted(lacking)))
     for relation in differing & set(tables.TABLES):
         _copy(cursor, scratch.prefix + relation, prefix + relation)
     views = differing & set(tables.VIEWS)

@@ -280,11 +280,20 @@ def compare(
                     name, "(definition)", "redefined", None, OWN_DEFINITION,
                     None if held is None else " ".join(held.split())))
                 continue
-        cursor.execute(f"SELECT * FROM {expected}{relation} WHERE 1 = 0")
-        columns = [d[0] for d in cursor.description if d[0] not in CLOCKED]
+        columns = [c for c in columns_of(cursor, expected + relation) if c not in CLOCKED]
+        if lacking := [c for c in columns if c not in columns_of(cursor, found + relation)]:
+            differences += [Difference(name, "(columns)", "column missing", column, None, None)
+                            for column in lacking]  # dropped by hand: no row can be compared
+            continue
         differences += _compare_relation(
             cursor, relation, KEYS[relation], columns, expected, found, name)
     return differences
+
+
+def columns_of(cursor: Any, relation: str) -> list[str]:
+    """A table's or view's columns, in their order."""
+    cursor.execute(f"SELECT * FROM {relation} WHERE 1 = 0")
+    return [d[0] for d in cursor.description]
 
 
 def definition(cursor: Any, dialect: str, prefix: str, view: str) -> str | None:

@@ -206,9 +206,12 @@ def view_exists_check(dialect: str, name: str) -> str:
     return f"SELECT 1 FROM information_schema.views WHERE table_name='{name}' AND table_schema=current_schema()"
 
 
-def create(cursor: object, dialect: str, prefix: str = "", indexes: bool = True) -> None:
+def create(
+    cursor: object, dialect: str, prefix: str = "", indexes: bool = True, views: bool = True
+) -> None:
     """Create the tables and (once) the views; ``indexes=False`` leaves the
-    indexes to ``create_indexes``, for tables about to be filled in bulk."""
+    indexes to ``create_indexes``, for tables about to be filled in bulk;
+    ``views=False`` only the tables (and indexes)."""
     for statement in create_statements(prefix, dialect):
         if statement.startswith("CREATE VIEW") or (
             not indexes and statement.startswith("CREATE INDEX")
@@ -217,7 +220,8 @@ def create(cursor: object, dialect: str, prefix: str = "", indexes: bool = True)
         if dialect == "sqlite":  # there, only INTEGER PRIMARY KEY is the row id itself
             statement = statement.replace("BIGINT PRIMARY KEY", "INTEGER PRIMARY KEY")
         cursor.execute(statement)  # type: ignore[attr-defined]
-    create_views(cursor, dialect, prefix)
+    if views:
+        create_views(cursor, dialect, prefix)
 
 
 def create_views(cursor: Any, dialect: str, prefix: str = "") -> None:
@@ -263,6 +267,46 @@ def remake_views(cursor: Any, dialect: str, prefix: str, views: tuple[str, ...])
             cursor.execute(statement.replace("CREATE VIEW", "CREATE OR REPLACE VIEW", 1))
 
 
+def remake(cursor: Any, dialect: str, prefix: str, names: tuple[str, ...]) -> None:
+    """Tables of a prefix that lost columns by hand made whole again, empty.
+    SQLite's are dropped and made again (its views name them, and read them
+    again once they are back). PostgreSQL's are emptied and given back the
+    columns, primary key, indexes and views they lack: dropping one would
+    take every view over it along, a reporting tool's own too."""
+    for name in names:
+        table = prefix + name
+        if dialect == "sqlite":
+            cursor.execute(f"DROP TABLE {table}")
+            continue
+        cursor.execute(f"DELETE FROM {table}")
+        cursor.execute(f"SELECT * FROM {table} WHERE 1 = 0")
+        present = {d[0] for d in cursor.description}
+        columns, key = shape(name)
+        for column, definition in columns.items():
+            if column not in present:
+                cursor.execute(f"ALTER TABLE {table} ADD COLUMN {column} {definition}")
+        cursor.execute("SELECT 1 FROM pg_constraint WHERE contype = 'p' AND "
+                       "conrelid = to_regclass(%s)", (table,))
+        if key and cursor.fetchone() is None:
+            cursor.execute(f"ALTER TABLE {table} ADD {key}")
+    create(cursor, dialect, prefix)
+
+
+def shape(name: str) -> tuple[dict[str, str], str | None]:
+    """A projection table's columns (name: definition), and its primary key
+    if it is a clause of its own (``PRIMARY KEY (node, slot)``), as made."""
+    statement = next(s for s in create_statements() if s.startswith(f"CREATE TABLE IF NOT EXISTS {name} ("))
+    body = statement.split("(", 1)[1].rsplit(")", 1)[0]
+    columns, key = {}, None
+    for part in (p.strip() for p in re.split(r",\s*\n", body)):
+        if part.startswith("PRIMARY KEY"):
+            key = part
+        else:
+            column, definition = part.split(None, 1)
+            columns[column] = definition
+    return columns, key
+
+
 def add_column(cursor: Any, dialect: str, table: str, column: str, kind: str) -> None:
     """Add a column a table made by an earlier version lacks. Looked up first:
     adding one takes the table's owner and its strongest lock, even where the
@@ -298,11 +342,25 @@ MISSING = re.compile(r'no such table: (?:\w+\.)?(\w+)|relation "(?:\w+\.)?(\w+)"
 DERIVED = frozenset({*TABLES, *VIEWS, *(STATE_PREFIX + name for name in (*TABLES, *VIEWS))})
 
 
+# Their words for a column that is not there (in a statement of the ledger's own).
+NO_COLUMN = re.compile(r'no such column: (?:\w+\.)?(\w+)|has no column named (\w+)|'
+                       r'column "?(?:\w+\.)?(\w+)"? (?:of relation "\w+" )?does not exist')
+
+
 def with_repair_hint(line: str) -> str:
     """A database error naming a projection table (or view, or PostgreSQL's
-    ``state_`` copy) that is not there, with how to make it again."""
+    ``state_`` copy) that is not there, or a column of one, with how to make
+    it again."""
     found = MISSING.search(line)
-    if found is None or (found.group(1) or found.group(2)) not in DERIVED:
-        return line
-    return (f"{line} (a projection table dropped by hand? alloc-ledger replay --repair "
-            "makes it again from the log)")
+    if found is not None and (found.group(1) or found.group(2)) in DERIVED:
+        return (f"{line} (a projection table dropped by hand? alloc-ledger replay --repair "
+                "makes it again from the log)")
+    column = NO_COLUMN.search(line)
+    if column is not None and next(g for g in column.groups() if g) in _projected_columns():
+        return (f"{line} (a column of a projection table dropped by hand? alloc-ledger replay "
+                "--repair makes the table whole again from the log)")
+    return line
+
+
+def _projected_columns() -> set[str]:
+    return {column for table in TABLES for column in shape(table)[0]}

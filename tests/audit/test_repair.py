@@ -13,6 +13,7 @@ from test_replay import live_tables, redefine_zombie_slots, replayed, scratch_ta
 
 from ledger.application import Ledger
 from projections.repair import repair
+from projections.tables import TABLES
 
 EVENTS = 900
 PROJECTIONS = "WHERE application_name = 'projections'"  # the projection tables' tracking row
@@ -285,3 +286,52 @@ def test_a_running_writer_drops_what_it_loaded_before_a_repair(
     assert run("project", url=under_test.url).returncode == 0
     code, report, _ = replayed(under_test)
     assert (code, report["differences"]) == (0, [])
+
+
+def test_a_column_dropped_by_hand_is_named_and_its_table_made_whole_again(
+    under_test: StoreUnderTest,
+) -> None:
+    """A table that lost a column stops every writer with a hint; replay
+    names the column; a repair gives the table its shape and rows back (on
+    PostgreSQL without dropping it: a reporting tool's view over it stays)."""
+    told(under_test, 300)
+    untouched = rows_by_column(under_test)
+    sql = under_test.sql
+    if under_test.dialect == "sqlite":
+        sql("ALTER TABLE nodes DROP COLUMN health_reason")
+        lost = [("nodes", "health_reason")]
+    else:
+        sql("CREATE VIEW dba_nodes AS SELECT node, status FROM nodes")
+        sql("ALTER TABLE slots DROP COLUMN slot CASCADE")  # its views go with it
+        sql("ALTER TABLE state_nodes DROP COLUMN health_reason")
+        lost = [("slots", "slot"), ("state_nodes", "health_reason")]
+
+    refused = run("submit", "heartbeat", "--node", "n0", url=under_test.url)
+    assert refused.returncode == 3
+    assert one_line_error(refused.stderr).endswith(
+        "(a column of a projection table dropped by hand? alloc-ledger replay --repair makes "
+        "the table whole again from the log)")
+    code, report, _ = replayed(under_test)
+    assert code == 1
+    assert [(d["table"], d["column"]) for d in report["differences"]
+            if d["problem"] == "column missing"] == lost
+
+    repaired(under_test)
+
+    assert rows_by_column(under_test) == untouched  # a column made again comes last
+    code, report, stderr = replayed(under_test)
+    assert (code, report["differences"]) == (0, []), stderr
+    again = run("submit", "node-registered", "--node", "n-new", url=under_test.url)
+    assert again.returncode == 0, again.stderr
+    if under_test.dialect == "postgresql":
+        assert sql("SELECT count(*) FROM dba_nodes") == sql("SELECT count(*) FROM nodes")
+
+
+def rows_by_column(target: StoreUnderTest) -> dict[str, list[list[tuple[str, Any]]]]:
+    """Each table's rows as (column, value) pairs by column name, whatever the column order."""
+    found = {}
+    for table in TABLES:
+        names = target.columns(table)
+        found[table] = sorted((sorted(zip(names, row, strict=True)) for row in
+                               target.sql(f"SELECT {', '.join(names)} FROM {table}")), key=repr)
+    return found
