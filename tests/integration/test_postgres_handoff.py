@@ -478,15 +478,15 @@ from ledger.application import Ledger
 with Ledger.open(sys.argv[1]) as ledger:
     print(ledger.submit({"type": "heartbeat", "node": "n1"}).status, flush=True)  # it leads
     store = ledger.store
-    head = store.head
+    head = store.head_and_repairs  # what a round reads under the log's lock
 
     def head_then_stop(cursor):
-        store.head = head
+        store.head_and_repairs = head
         position = head(cursor)
         os.kill(os.getpid(), signal.SIGSTOP)
         return position
 
-    store.head = head_then_stop
+    store.head_and_repairs = head_then_stop
     receipt = ledger.submit({"type": "heartbeat", "node": "n1", "id": sys.argv[2]})
     print(receipt.status, receipt.position, flush=True)
 """
