@@ -101,8 +101,9 @@ def verify(ctx: click.Context, digest: Digest | None, fmt: str | None) -> None:
     position that does not match. Exit 1 on any mismatch.
 
     Also says whether the triggers that keep the log append-only are in
-    place ("guards"); when any is missing or altered, a warning on stderr
-    says how to make them again (exit 0 all the same: that proves no edit).
+    place ("guards_lacking": [] when all are); when any is missing or
+    altered, a warning on stderr says how to make them again (exit 0 all
+    the same: that proves no edit).
 
     \b
     alloc-ledger verify

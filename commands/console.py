@@ -22,10 +22,11 @@ class Interrupted(KeyboardInterrupt):
     """Ctrl-C (or a signal that ends it: ``terminated``), with what a
     command had done by then."""
 
-    def __init__(self, detail: str, terminated: int = 0) -> None:
+    def __init__(self, detail: str, terminated: int = 0, settled: bool = True) -> None:
         super().__init__(detail)
         self.detail = detail
         self.terminated = terminated
+        self.settled = settled  # nothing handed to the store was left unanswered
 
 
 class Signalled(KeyboardInterrupt):

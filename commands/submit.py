@@ -86,7 +86,9 @@ def submit(ctx: click.Context, source: str, quiet: bool, batch: int) -> None:
             with suppress(OSError):
                 click.echo("reading events from the terminal, one JSON object per line; "
                            "Ctrl-D ends", err=True)
-        with Ledger.open(store_of(ctx)) as ledger, Held().installed() as held:
+        # Held outermost: a signal while the store closes on the way out
+        # (after another) does not replace what the first one says.
+        with Held().installed() as held, Ledger.open(store_of(ctx)) as ledger:
             results = _then_closed(ledger, _stream(ledger, stream, batch, held))
             counts = _print(results, quiet, sys.stderr.isatty(), held)
         if not any(counts.values()):  # a producer that died before writing looks like this
@@ -110,38 +112,46 @@ def _extra(source: str, args: list[str]) -> str:
 
 
 def _submit_one(ctx: click.Context, event_type: str, quiet: bool) -> Counter[str]:
-    """One event from flags. A signal while it is with the store waits for
-    its result, as for a stream's batch (``Held``); a second one leaves it
-    kept or not, and says so."""
+    """One event from flags, through ``_print`` as a stream's batch goes: a
+    signal while it is with the store waits for its result (``Held``), and
+    one while the store closes after it says what became of it."""
     flags = _pairs(ctx.args)
+    decided: list[Receipt] = []
     with Held("the event").installed() as held:
         try:
-            receipt = _one_from_flags(ctx, event_type, flags, held)
-        except Signalled as stop:
-            if stop.settled:
-                raise  # nothing was handed to the store yet
-            raise Interrupted(UNKNOWN_ONE, terminated=signal_of(stop)) from None
-        try:
-            return _print([[(1, receipt)]], quiet, False, held)
-        except Interrupted as stop:  # its result is known, printed or not
-            at = "" if receipt.position is None else f" at position {receipt.position}"
-            raise Interrupted(f"the event was decided before it: {receipt.status}{at}",
-                              stop.terminated) from None
+            return _print(_one_result(ctx, event_type, flags, held, decided), quiet, False, held)
+        except Interrupted as stop:
+            raise Interrupted(_became(decided, stop.settled), stop.terminated) from None
 
 
-UNKNOWN_ONE = ("whether the event is kept is not known (submitted again with the same --id, "
-               "a kept one answers duplicate)")
+def _became(decided: list[Receipt], settled: bool) -> str:
+    """What became of a one-shot event stopped by a signal."""
+    if decided:
+        at = "" if decided[0].position is None else f" at position {decided[0].position}"
+        return f"the event was decided before it: {decided[0].status}{at}"
+    if settled:
+        return "the event was not submitted"
+    return ("whether the event is kept is not known (submitted again with the same --id, "
+            "a kept one answers duplicate)")
 
 
-def _one_from_flags(
-    ctx: click.Context, event_type: str, flags: dict[str, str], held: Held
-) -> Receipt:
+def _one_result(
+    ctx: click.Context, event_type: str, flags: dict[str, str], held: Held,
+    decided: list[Receipt],
+) -> Iterator[list[tuple[int, Receipt]]]:
+    """The event's result (kept in ``decided`` too), then the store closed
+    while it is printed, as ``_then_closed`` closes a stream's."""
     try:
         event = from_flags(event_type, flags)
     except InvalidEvent as error:
-        return Receipt("invalid", error=str(error))
-    with Ledger.open(store_of(ctx)) as ledger, held.holding():
-        return ledger.submit(event)
+        decided.append(Receipt("invalid", error=str(error)))
+        yield [(1, decided[0])]
+        return
+    with Ledger.open(store_of(ctx)) as ledger:
+        with held.holding():
+            decided.append(ledger.submit(event))
+        yield [(1, decided[0])]
+        ledger.close()
 
 
 def _pairs(args: list[str]) -> dict[str, str]:
@@ -386,7 +396,8 @@ def _print(
     except KeyboardInterrupt as stop:
         _clear(progress)
         settled = isinstance(stop, Signalled) and stop.settled
-        raise Interrupted(_kept_until(*done, settled), terminated=signal_of(stop)) from None
+        raise Interrupted(
+            _kept_until(*done, settled), terminated=signal_of(stop), settled=settled) from None
     except LedgerError as error:  # the store lost mid-stream: say how far it got
         _clear(progress)
         if not done[1]:

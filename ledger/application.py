@@ -82,8 +82,14 @@ class Ledger:
     def __enter__(self) -> Self:
         return self
 
-    def __exit__(self, *exc: object) -> None:
-        self.close()
+    def __exit__(self, kind: object, error: object, trace: object) -> None:
+        if error is None:
+            self.close()
+            return
+        try:
+            self.close()
+        except KeyboardInterrupt:  # a second Ctrl-C while leaving on the first's account
+            pass  # does not replace its words (the store is left to the process's end)
 
     def submit(self, event: Submission) -> Receipt:
         """Submit one event; the receipt says whether it was appended."""
@@ -298,7 +304,10 @@ class Ledger:
         loaded from them before may be what it repaired."""
         head, count = self.store.head_and_repairs(cursor)
         seen, self._repairs = self._repairs, count
-        return head, seen is not None and seen != count
+        repaired = seen is not None and seen != count
+        if repaired:
+            self.forget()  # here, so that no caller can see the count change and keep them
+        return head, repaired
 
     def _kept_hash_is(self, cursor: Any, position: int, chain_hash: str) -> bool:
         """Whether the hash kept for ``position`` (the head just read) is

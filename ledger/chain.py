@@ -100,7 +100,7 @@ class Verification:
             "digest": None if self.digest is None else str(self.digest),
             "position": self.position,
             "problem": self.problem,
-            "guards": list(self.guards.lacking) or "in place",
+            "guards_lacking": list(self.guards.lacking),  # [] when every one is in place
         }
 
 

@@ -91,12 +91,16 @@ class LogEndsEarly(LogEdited):
     began, or as far as the projection tables have applied it): its last
     events were deleted. Nothing after ``end`` is taken as applied."""
 
-    def __init__(self, end: int, head: int, applied: bool = False) -> None:
-        before = (f"position {head}, which the projection tables have applied" if applied
-                  else f"its head {head} when this began")
+    def __init__(self, end: int, head: int, known: str = "") -> None:
+        before = {
+            "chained": f"position {head}, whose chain hash is kept",
+            "applied": f"position {head}, which the projection tables have applied",
+        }.get(known, f"its head {head} when this began")
+        unless = ("" if known != "applied" else " (or the tracking row was raised by hand: "
+                  "alloc-ledger replay --repair sets it to the log's head)")
         super().__init__(
-            f"the log ends at position {end}, before {before}: "
-            "its last events were deleted; alloc-ledger verify checks whether the log was edited"
+            f"the log ends at position {end}, before {before}: its last events were "
+            f"deleted{unless}; alloc-ledger verify checks whether the log was edited"
         )
 
 

@@ -73,6 +73,12 @@ MARK = f"alloc-ledger schema {SCHEMA_VERSION}"
 MARKED = re.compile(r"alloc-ledger schema (\d+)")
 PAGE = 5000
 TRACKING = "tracking"
+# The head of the log with its chain hash; the same with the count of repairs.
+HEAD = ("SELECT last, (SELECT hash FROM event_hashes WHERE position = last) FROM "
+        "(SELECT MAX(originator_version) AS last FROM stored_events "
+        "WHERE originator_id = %s) head")
+HEAD_AND_REPAIRS = HEAD.replace(
+    " FROM (", f", (SELECT notification_id FROM {TRACKING} WHERE application_name = %s) FROM (", 1)
 STATE_PREFIX = tables.STATE_PREFIX
 SCHEMA_NAME = re.compile(r"[a-z_][a-z0-9_]{0,62}")
 # libpq's parameters a URL may give, passed on as they are: TLS, the name in
@@ -847,18 +853,16 @@ class PostgresStore:
         self._preload.fill(cluster, named, sent)
 
     def head(self, cursor: Any) -> int:
-        return self.head_and_repairs(cursor)[0]
+        """The last position, read together with its chain hash (the next append
+        needs it); the log's tables alone (a role may read only those: an auditor's)."""
+        cursor.execute(HEAD, (self.stream,))
+        last, chain_hash = cursor.fetchone()
+        self._local.last = (last or 0, chain_hash)
+        return int(last or 0)
 
     def head_and_repairs(self, cursor: Any) -> tuple[int, int]:
-        """The last position, read together with its chain hash (the next
-        append needs it) and the count of repairs, in one round trip."""
-        cursor.execute(
-            "SELECT last, (SELECT hash FROM event_hashes WHERE position = last), "
-            f"(SELECT notification_id FROM {TRACKING} WHERE application_name = %s) FROM "
-            "(SELECT MAX(originator_version) AS last FROM stored_events "
-            "WHERE originator_id = %s) head",
-            (REPAIRS, self.stream),
-        )
+        """``head``, and the count of repairs, in the same round trip (a writer's)."""
+        cursor.execute(HEAD_AND_REPAIRS, (REPAIRS, self.stream))
         last, chain_hash, repairs = cursor.fetchone()
         self._local.last = (last or 0, chain_hash)
         return int(last or 0), int(repairs or 0)
@@ -879,6 +883,12 @@ class PostgresStore:
         cursor.execute("SELECT hash FROM event_hashes WHERE position = %s", (position,))
         row = cursor.fetchone()
         return None if row is None else str(row[0])
+
+    def known_end(self, cursor: Any) -> tuple[int, int]:
+        cursor.execute("SELECT (SELECT MAX(position) FROM event_hashes), "
+                       f"has_table_privilege('{TRACKING}', 'SELECT')")
+        chained, readable = cursor.fetchone()
+        return chained or 0, self.tracked(cursor) if readable else 0
 
     def tracked(self, cursor: Any) -> int:
         curs = cursor.connection.cursor(row_factory=dict_row)  # as the library's pool gives

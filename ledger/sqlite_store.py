@@ -475,6 +475,10 @@ class SQLiteStore:
         row = cursor.fetchone()
         return None if row is None else row[0]
 
+    def known_end(self, cursor: Any) -> tuple[int, int]:
+        cursor.execute("SELECT MAX(position) FROM event_hashes")
+        return cursor.fetchone()[0] or 0, self.tracked(cursor)
+
     def tracked(self, cursor: Any) -> int:
         return self.recorder._max_tracking_id(PROJECTIONS, cursor) or 0
 

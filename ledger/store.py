@@ -151,6 +151,11 @@ class Store(Protocol):
     def tracked(self, cursor: Any) -> int:
         """How far the projection tables have read."""
 
+    def known_end(self, cursor: Any) -> tuple[int, int]:
+        """Where the log is known to have reached: its last chain hash, and
+        how far the projection tables have read (0 where this role may not
+        read that: an auditor's may read the log's tables alone)."""
+
     def track(self, cursor: Any, position: int) -> None:
         """Record how far the projection tables have read."""
 

@@ -30,14 +30,14 @@ def head_within(store: Store, position: int | None, option: str) -> int:
     is no state right after an event the log does not hold yet).
 
     ``LogEndsEarly`` if what is asked for reaches past the log's end (the
-    head, or ``position``) to events the projection tables have applied:
-    the log's last events were deleted, and a state or report "at the head"
-    would quietly leave them out."""
+    head, or ``position``) to events whose chain hashes are kept, or that
+    the projection tables have applied: the log's last events were deleted,
+    and a state or report "at the head" would quietly leave them out."""
     with store.reading() as cursor:
-        head, tracked = store.head(cursor), store.tracked(cursor)
-    needed = tracked if position is None else min(position, tracked)
-    if needed > head:
-        raise LogEndsEarly(head, tracked, applied=True)
+        head, (chained, tracked) = store.head(cursor), store.known_end(cursor)
+    for known, what in ((chained, "chained"), (tracked, "applied")):
+        if (known if position is None else min(position, known)) > head:
+            raise LogEndsEarly(head, known, what)
     if position is not None and position > head:
         raise OutOfRange(option, f"position {position} is beyond the head of the log ({head})")
     return head

@@ -277,8 +277,8 @@ def compare(
             held = definition(cursor, dialect, found, relation)
             if held != wanted:  # its rows are then no answer of this version's (nor its columns)
                 differences.append(Difference(
-                    name, "(definition)", "redefined", None, OWN_DEFINITION,
-                    None if held is None else " ".join(held.split())))
+                    name, "(definition)", "missing" if held is None else "redefined", None,
+                    OWN_DEFINITION, None if held is None else " ".join(held.split())))
                 continue
         columns = [c for c in columns_of(cursor, expected + relation) if c not in CLOCKED]
         if lacking := [c for c in columns if c not in columns_of(cursor, found + relation)]:

@@ -260,11 +260,24 @@ def remake_views(cursor: Any, dialect: str, prefix: str, views: tuple[str, ...])
     for view in views:
         statement = next(s for s in create_statements(prefix, dialect)
                          if s.startswith(f"CREATE VIEW {prefix}{view} "))
-        if dialect == "sqlite":
+        if dialect == "postgresql" and _columns_kept(cursor, prefix + view, statement):
+            cursor.execute(statement.replace("CREATE VIEW", "CREATE OR REPLACE VIEW", 1))
+        else:  # PostgreSQL replaces a view in place only where its columns stay
             cursor.execute(f"DROP VIEW IF EXISTS {prefix}{view}")
             cursor.execute(statement)
-        else:
-            cursor.execute(statement.replace("CREATE VIEW", "CREATE OR REPLACE VIEW", 1))
+
+
+def _columns_kept(cursor: Any, view: str, statement: str) -> bool:
+    """Whether a PostgreSQL view that is there (or none) has the columns
+    ``statement`` begins with, in order: ``CREATE OR REPLACE`` may add
+    columns after them, never rename or drop one."""
+    cursor.execute("SELECT to_regclass(%s) IS NULL", (view,))
+    if cursor.fetchone()[0]:
+        return True
+    cursor.execute(f"SELECT * FROM {view} WHERE 1 = 0")
+    held = [d[0] for d in cursor.description]
+    cursor.execute(f"SELECT * FROM ({statement.split(' AS', 1)[1]}) v WHERE 1 = 0")
+    return held == [d[0] for d in cursor.description][:len(held)]
 
 
 def remake(cursor: Any, dialect: str, prefix: str, names: tuple[str, ...]) -> None:

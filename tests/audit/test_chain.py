@@ -187,13 +187,16 @@ def test_a_deleted_last_event_is_named_by_a_replay_of_the_tables_that_applied_it
     attack.attacker.drop_guards()  # again: opening the store put them back
     attack.attacker.delete(240)
 
+    attack.attacker.drop_hash(240)  # its chain hash too: only the tables still tell
+
     done = run("replay", url=attack.target.url)
 
     assert done.returncode == 1, done.stderr
     assert one_line_error(done.stderr) == (
         "Error: the log ends at position 239, before position 240, which the projection tables "
-        "have applied: its last events were deleted; alloc-ledger verify checks whether the log "
-        "was edited"
+        "have applied: its last events were deleted (or the tracking row was raised by hand: "
+        "alloc-ledger replay --repair sets it to the log's head); alloc-ledger verify checks "
+        "whether the log was edited"
     )
 
 
@@ -205,7 +208,8 @@ def test_a_deleted_last_event_is_named_by_the_audit_and_as_of_queries_at_the_hea
     attack: Attack, command: list[str],
 ) -> None:
     """Not a report or a state "at the head" that quietly leaves out an
-    event the projection tables have applied."""
+    event whose chain hash is kept (or, that gone too, which the projection
+    tables have applied)."""
     assert run("project", url=attack.target.url).returncode == 0
     attack.attacker.drop_guards()
     attack.attacker.delete(240)
@@ -215,9 +219,15 @@ def test_a_deleted_last_event_is_named_by_the_audit_and_as_of_queries_at_the_hea
     assert done.returncode == 1, done.stderr
     assert not done.stdout
     assert one_line_error(done.stderr) == (
+        "Error: the log ends at position 239, before position 240, whose chain hash is kept: its "
+        "last events were deleted; alloc-ledger verify checks whether the log was edited"
+    ), command
+    attack.attacker.drop_guards()  # again: opening the store put them back
+    attack.attacker.drop_hash(240)
+    done = run(*command, url=attack.target.url)
+    assert one_line_error(done.stderr).startswith(
         "Error: the log ends at position 239, before position 240, which the projection tables "
-        "have applied: its last events were deleted; alloc-ledger verify checks whether the log "
-        "was edited"
+        "have applied: its last events were deleted (or the tracking row was raised by hand"
     ), command
 
 
@@ -744,14 +754,14 @@ def test_verify_names_the_guards_an_open_that_may_not_make_them_left_missing(
 
     assert checked.returncode == 0, checked.stderr
     answer = json.loads(checked.stdout)
-    assert (answer["ok"], answer["verified"], answer["guards"]) == (True, 20, named)
+    assert (answer["ok"], answer["verified"], answer["guards_lacking"]) == (True, 20, named)
     assert checked.stderr.decode() == (
         f"warning: the log's append-only guards are not in place ({', '.join(named)}): "
         f"nothing stops an edit of the log until they are made again; {remedy(target)}\n")
 
     again = run("verify", "--format", "json", url=target.url)
     assert (again.returncode, again.stderr) == (0, b"")
-    assert json.loads(again.stdout)["guards"] == "in place"
+    assert json.loads(again.stdout)["guards_lacking"] == []
 
 
 def test_an_edited_log_whose_guards_are_gone_fails_verify_and_warns_of_the_guards(
@@ -767,7 +777,7 @@ def test_an_edited_log_whose_guards_are_gone_fails_verify_and_warns_of_the_guard
     assert checked.returncode == 1, checked.stderr
     answer = json.loads(checked.stdout)
     assert (answer["ok"], answer["position"]) == (False, 12)
-    assert answer["guards"] == lacking("sqlite", "every guard dropped", "")
+    assert answer["guards_lacking"] == lacking("sqlite", "every guard dropped", "")
     warning, error = checked.stderr.decode().splitlines()
     assert warning.startswith("warning: the log's append-only guards are not in place (")
     assert error.startswith("Error: verify failed at position 12: ")
@@ -792,3 +802,26 @@ def test_a_tracking_position_lowered_by_hand_is_named_not_the_log(
         "they do not match the log up to their tracking position 10 (was it lowered, or were "
         "they edited?); alloc-ledger verify checks the log itself, and replay --repair makes "
         "the tables again from it"), line
+
+
+@pytest.mark.postgres
+def test_a_role_that_may_read_only_the_log_can_still_verify_it(pg_under_test: StoreUnderTest) -> None:
+    """verify reads the log, its hashes and ids; since head() reads the
+    'repairs' row of tracking too, such a role is refused (it verified before)."""
+    target = pg_under_test
+    with Ledger.open(target.url) as ledger:
+        list(ledger.submit_many(texts(history(20, nodes=4)), batch=20))
+    auditor = f"auditor_{uuid.uuid4().hex[:10]}"
+    target.sql(f"CREATE ROLE {auditor} LOGIN")
+    try:
+        target.sql(f"GRANT USAGE ON SCHEMA {target.schema} TO {auditor}")
+        target.sql(f"GRANT SELECT ON {', '.join(f'{target.schema}.{t}' for t in LOG)} TO {auditor}")
+        parts = urlsplit(target.url)
+        url = parts._replace(netloc=f"{auditor}@{parts.hostname}:{parts.port or 5432}").geturl()
+        checked = run("verify", "--format", "json", url=url)
+    finally:
+        target.sql(f"DROP OWNED BY {auditor}")
+        target.sql(f"DROP ROLE {auditor}")
+
+    assert checked.returncode == 0, checked.stderr
+    assert json.loads(checked.stdout)["verified"] == 20

@@ -562,7 +562,7 @@ def failing_submit(monkeypatch: pytest.MonkeyPatch, failure: Exception) -> None:
     def broken(*args: object) -> Receipt:
         raise failure
 
-    monkeypatch.setattr(submitting, "_one_from_flags", broken)
+    monkeypatch.setattr(submitting, "_one_result", broken)
 
 
 @pytest.mark.parametrize("failure", [RuntimeError("boom"), OSError(5, "Input/output error")],

@@ -274,3 +274,69 @@ def test_a_signal_while_the_store_closes_after_the_last_batch_still_says_what_is
     assert result.stderr == (
         "Error: interrupted: every line up to 6 was decided and is kept as decided "
         "(6 appended, 0 duplicate, 0 rejected, 0 invalid); no later line was kept\n")
+
+
+def signalled_while_closing(monkeypatch: pytest.MonkeyPatch, times: int) -> None:
+    """Ctrl-C ``times`` as the ledger's store is closed (once)."""
+    closing = Ledger.close
+
+    def signalled(ledger: Ledger) -> None:
+        if not ledger._closed:
+            _signal_self(signal.SIGINT, times)
+        closing(ledger)
+
+    monkeypatch.setattr(Ledger, "close", signalled)
+
+
+def test_ctrl_c_again_while_the_store_closes_after_a_stopped_stream_keeps_its_last_words(
+    store_url, tmp_path, monkeypatch
+):
+    """The first Ctrl-C invites a second ("Ctrl-C again to stop sooner");
+    one that lands while the store closes (after the Held handlers are
+    gone) must not turn the last words into a bare 'interrupted'."""
+    signalled_at_batch(monkeypatch, signal.SIGINT, times=1)
+    signalled_while_closing(monkeypatch, times=1)
+    source = tmp_path / "events.jsonl"
+    source.write_text(TEXT)
+
+    result = invoke(["--store", store_url, "submit", str(source), "--batch", "2"], code=130)
+
+    assert result.stderr.splitlines()[1:] == [
+        ("Error: interrupted: every line up to 4 was decided and is kept as decided (4 appended, "
+        "0 duplicate, 0 rejected, 0 invalid); no later line was kept")], result.stderr
+
+
+def test_a_second_signal_while_the_store_closes_after_one_event_is_not_told_as_not_known(
+    store_url, monkeypatch
+):
+    """The event is committed and its receipt is in hand when the store is
+    closed: it is kept, and the program knows it."""
+    invoke(["--store", store_url, "submit", "node-registered", "--node", "n1"])
+    signalled_while_closing(monkeypatch, times=2)
+
+    result = invoke(["--store", store_url, "submit", *ONE_SHOT], code=130)
+
+    monkeypatch.undo()
+    assert json.loads(invoke(["--store", store_url, "submit", *ONE_SHOT]).stdout)["status"] == (
+        "duplicate")
+    assert json.loads(result.stdout)["status"] == "appended"
+    assert result.stderr == (
+        "Error: interrupted: the event was decided before it: appended at position 2\n")
+
+
+def test_a_signal_while_the_store_opens_says_the_event_was_not_submitted(store_url, monkeypatch):
+    invoke(["--store", store_url, "submit", "node-registered", "--node", "n1"])
+    opening = Ledger.open
+
+    def signalled(*args: Any, **kwargs: Any) -> Ledger:
+        _signal_self(signal.SIGTERM, 1)
+        return opening(*args, **kwargs)
+
+    monkeypatch.setattr(Ledger, "open", signalled)
+
+    result = invoke(["--store", store_url, "submit", *ONE_SHOT], code=143)
+
+    monkeypatch.undo()
+    assert (result.stdout, result.stderr) == ("", "Error: terminated: the event was not submitted\n")
+    assert json.loads(invoke(["--store", store_url, "submit", *ONE_SHOT]).stdout)["status"] == (
+        "appended")
