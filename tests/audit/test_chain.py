@@ -806,8 +806,8 @@ def test_a_tracking_position_lowered_by_hand_is_named_not_the_log(
 
 @pytest.mark.postgres
 def test_a_role_that_may_read_only_the_log_can_still_verify_it(pg_under_test: StoreUnderTest) -> None:
-    """verify reads the log, its hashes and ids; since head() reads the
-    'repairs' row of tracking too, such a role is refused (it verified before)."""
+    """verify and audit read the log, its hashes and ids, never tracking
+    (whose 'repairs' row head() once read with the head)."""
     target = pg_under_test
     with Ledger.open(target.url) as ledger:
         list(ledger.submit_many(texts(history(20, nodes=4)), batch=20))
@@ -819,9 +819,12 @@ def test_a_role_that_may_read_only_the_log_can_still_verify_it(pg_under_test: St
         parts = urlsplit(target.url)
         url = parts._replace(netloc=f"{auditor}@{parts.hostname}:{parts.port or 5432}").geturl()
         checked = run("verify", "--format", "json", url=url)
+        audited = run("audit", "--format", "json", url=url)  # the tail checked by its hashes
     finally:
         target.sql(f"DROP OWNED BY {auditor}")
         target.sql(f"DROP ROLE {auditor}")
 
     assert checked.returncode == 0, checked.stderr
     assert json.loads(checked.stdout)["verified"] == 20
+    assert audited.returncode == 0, audited.stderr
+    assert json.loads(audited.stdout)["to"] == 20
