@@ -11,6 +11,8 @@ import random
 import sqlite3
 import subprocess
 import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -713,14 +715,21 @@ def verified_where_guards_cannot_be_made(target: StoreUnderTest) -> subprocess.C
                 capture_output=True, timeout=60)
         finally:
             target.path.chmod(0o644)
+    with reader(target, f"ALL TABLES IN SCHEMA {target.schema}") as url:
+        return run("verify", "--format", "json", url=url)
+
+
+@contextmanager
+def reader(target: StoreUnderTest, readable: str) -> Iterator[str]:
+    """The store's URL for a new role that may read ``readable`` and nothing
+    more (PostgreSQL), dropped afterwards."""
     auditor = f"auditor_{uuid.uuid4().hex[:10]}"
     target.sql(f"CREATE ROLE {auditor} LOGIN")
     try:
         target.sql(f"GRANT USAGE ON SCHEMA {target.schema} TO {auditor}")
-        target.sql(f"GRANT SELECT ON ALL TABLES IN SCHEMA {target.schema} TO {auditor}")
+        target.sql(f"GRANT SELECT ON {readable} TO {auditor}")
         parts = urlsplit(target.url)
-        url = parts._replace(netloc=f"{auditor}@{parts.hostname}:{parts.port or 5432}").geturl()
-        return run("verify", "--format", "json", url=url)
+        yield parts._replace(netloc=f"{auditor}@{parts.hostname}:{parts.port or 5432}").geturl()
     finally:
         target.sql(f"DROP OWNED BY {auditor}")
         target.sql(f"DROP ROLE {auditor}")
@@ -811,18 +820,9 @@ def test_a_role_that_may_read_only_the_log_can_still_verify_it(pg_under_test: St
     target = pg_under_test
     with Ledger.open(target.url) as ledger:
         list(ledger.submit_many(texts(history(20, nodes=4)), batch=20))
-    auditor = f"auditor_{uuid.uuid4().hex[:10]}"
-    target.sql(f"CREATE ROLE {auditor} LOGIN")
-    try:
-        target.sql(f"GRANT USAGE ON SCHEMA {target.schema} TO {auditor}")
-        target.sql(f"GRANT SELECT ON {', '.join(f'{target.schema}.{t}' for t in LOG)} TO {auditor}")
-        parts = urlsplit(target.url)
-        url = parts._replace(netloc=f"{auditor}@{parts.hostname}:{parts.port or 5432}").geturl()
+    with reader(target, ", ".join(f"{target.schema}.{t}" for t in LOG)) as url:
         checked = run("verify", "--format", "json", url=url)
         audited = run("audit", "--format", "json", url=url)  # the tail checked by its hashes
-    finally:
-        target.sql(f"DROP OWNED BY {auditor}")
-        target.sql(f"DROP ROLE {auditor}")
 
     assert checked.returncode == 0, checked.stderr
     assert json.loads(checked.stdout)["verified"] == 20
