@@ -118,7 +118,7 @@ def _replace(
     a column made again first); then the views that still differ (redefined
     by hand) made again as they were made."""
     differing = {_relation(d, prefix) for d in differences}
-    if lacking := {_relation(d, prefix) for d in differences if d.problem == "column missing"}:
+    if lacking := {_relation(d, prefix) for d in differences if d.key == "(columns)"}:
         tables.remake(cursor, store.dialect, prefix, tuple(sorted(lacking)))
     for relation in differing & set(tables.TABLES):
         _copy(cursor, scratch.prefix + relation, prefix + relation)

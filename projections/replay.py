@@ -272,6 +272,8 @@ def compare(
     differences: list[Difference] = []
     for relation in relations:  # the replay's columns: a DBA's extra one is not compared
         name = (found if label is None else label) + relation
+        if relation in tables.VIEWS and any(d.key == "(columns)" for d in differences):
+            continue  # reads a table that lost a column: not readable until that is mended
         if dialect is not None and relation in tables.VIEWS:
             wanted = definition(cursor, dialect, expected, relation)
             held = definition(cursor, dialect, found, relation)
@@ -285,6 +287,13 @@ def compare(
             differences += [Difference(name, "(columns)", "column missing", column, None, None)
                             for column in lacking]  # dropped by hand: no row can be compared
             continue
+        if dialect == "postgresql" and relation in tables.TABLES:
+            kinds = tables.column_types(cursor, expected + relation)
+            kept = tables.column_types(cursor, found + relation)
+            if retyped := [c for c in columns if kept.get(c) != kinds[c]]:
+                differences += [Difference(name, "(columns)", "column type", c, kinds[c],
+                                           kept.get(c)) for c in retyped]
+                continue
         differences += _compare_relation(
             cursor, relation, KEYS[relation], columns, expected, found, name)
     return differences

@@ -295,6 +295,15 @@ def remake(cursor: Any, dialect: str, prefix: str, names: tuple[str, ...]) -> No
         cursor.execute(f"SELECT * FROM {table} WHERE 1 = 0")
         present = {d[0] for d in cursor.description}
         columns, key = shape(name)
+        retyped = [c for c, kind in column_types(cursor, table).items()
+                   if c in columns and kind != _kind(columns[c])]
+        if retyped:  # its views cannot stay over a column whose type changes
+            for view in VIEWS:
+                cursor.execute(f"DROP VIEW IF EXISTS {prefix}{view}")
+        for column in retyped:
+            kind = columns[column].split()[0]
+            cursor.execute(f"ALTER TABLE {table} ALTER COLUMN {column} TYPE {kind} "
+                           f"USING NULL::{kind}")
         for column, definition in columns.items():
             if column not in present:
                 cursor.execute(f"ALTER TABLE {table} ADD COLUMN {column} {definition}")
@@ -303,6 +312,18 @@ def remake(cursor: Any, dialect: str, prefix: str, names: tuple[str, ...]) -> No
         if key and cursor.fetchone() is None:
             cursor.execute(f"ALTER TABLE {table} ADD {key}")
     create(cursor, dialect, prefix)
+
+
+def column_types(cursor: Any, table: str) -> dict[str, str]:
+    """A PostgreSQL table's columns and their types, as the server names them."""
+    cursor.execute("SELECT column_name, data_type FROM information_schema.columns "
+                   "WHERE table_schema = current_schema() AND table_name = %s", (table,))
+    return {row[0]: row[1] for row in cursor.fetchall()}
+
+
+def _kind(definition: str) -> str:
+    """The server's name of the type a column definition gives."""
+    return {"TEXT": "text", "INTEGER": "integer", "BIGINT": "bigint"}[definition.split()[0]]
 
 
 def shape(name: str) -> tuple[dict[str, str], str | None]:

@@ -380,3 +380,39 @@ def test_a_batch_decided_ahead_before_a_repair_is_decided_again(
             receipts = writer.write_ahead(cursor, ahead)
 
     assert receipts[0].status == "appended", receipts
+
+
+def test_a_column_a_view_reads_dropped_with_its_view_is_repaired_on_sqlite(
+    under_test: StoreUnderTest,
+) -> None:
+    """SQLite refuses to drop a column a view reads, so a DBA drops the view
+    first; replay names the column and a repair makes the table whole, rather
+    than every command (the repair included) failing on the view."""
+    if under_test.dialect != "sqlite":
+        pytest.skip("SQLite: a view must be dropped before a column it reads")
+    told(under_test, 300)
+    under_test.sql("DROP VIEW zombie_slots")
+    under_test.sql("ALTER TABLE slots DROP COLUMN reported_position")
+    code, report, _ = replayed(under_test)
+    assert code == 1
+    assert ("slots", "reported_position") in [
+        (d["table"], d["column"]) for d in report["differences"]
+        if d["problem"] == "column missing"]
+    repaired(under_test)
+    code, report, _ = replayed(under_test)
+    assert (code, report["differences"]) == (0, [])
+
+
+def test_a_column_retyped_by_hand_is_named_and_repaired(under_test: StoreUnderTest) -> None:
+    """A column given another type by hand is named by replay (not an
+    internal EXCEPT error) and a repair gives it its type back."""
+    if under_test.dialect == "sqlite":
+        pytest.skip("SQLite columns cannot be retyped in place")
+    told(under_test, 300)
+    under_test.sql("ALTER TABLE nodes ALTER COLUMN lost_allocs TYPE jsonb USING lost_allocs::jsonb")
+    done = run("replay", "--format", "json", url=under_test.url)
+    assert done.returncode == 1, done.stderr
+    assert any(d["table"] == "nodes" for d in json.loads(done.stdout)["differences"])
+    repaired(under_test)
+    code, report, _ = replayed(under_test)
+    assert (code, report["differences"]) == (0, [])
