@@ -78,7 +78,6 @@ def _replaced(store: Store, scratch: Scratch) -> ReplayReport | None:
             report.differences += differing
             if differing:
                 _replace(cursor, store, scratch, prefix, differing)
-                tables.create(cursor, store.dialect, prefix)  # what is still missing
         if report.differences or tracked != head:
             _track(cursor, store, tracked, head)
             count_repair(cursor, store.param)  # running writers drop what they loaded before
@@ -120,8 +119,10 @@ def _replace(
     differing = {_relation(d, prefix) for d in differences}
     if lacking := {_relation(d, prefix) for d in differences if d.key == "(columns)"}:
         tables.remake(cursor, store.dialect, prefix, tuple(sorted(lacking)))
-    for relation in differing & set(tables.TABLES):
+    rows = {_relation(d, prefix) for d in differences if d.key != "(indexes)"}
+    for relation in rows & set(tables.TABLES):
         _copy(cursor, scratch.prefix + relation, prefix + relation)
+    tables.create(cursor, store.dialect, prefix)  # the indexes and views still missing
     views = differing & set(tables.VIEWS)
     still = {_relation(d, prefix) for d in _differing(cursor, scratch, prefix, views)}
     if still:

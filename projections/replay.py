@@ -282,6 +282,10 @@ def compare(
                     name, "(definition)", "missing" if held is None else "redefined", None,
                     OWN_DEFINITION, None if held is None else " ".join(held.split())))
                 continue
+        if dialect is not None and relation in tables.TABLES:
+            there = tables.index_names(cursor, dialect, found + relation)
+            differences += [Difference(name, "(indexes)", "index missing", None, index, None)
+                            for index in tables.indexes_of(found, relation) if index not in there]
         columns = [c for c in columns_of(cursor, expected + relation) if c not in CLOCKED]
         if lacking := [c for c in columns if c not in columns_of(cursor, found + relation)]:
             differences += [Difference(name, "(columns)", "column missing", column, None, None)

@@ -314,6 +314,23 @@ def remake(cursor: Any, dialect: str, prefix: str, names: tuple[str, ...]) -> No
     create(cursor, dialect, prefix)
 
 
+def indexes_of(prefix: str, table: str) -> list[str]:
+    """The names of the indexes this version gives a prefix's table."""
+    return [s.split()[5] for s in create_statements(prefix)
+            if s.startswith("CREATE INDEX") and s.split()[7] == prefix + table]
+
+
+def index_names(cursor: Any, dialect: str, table: str) -> set[str]:
+    """The indexes a table has, by name."""
+    if dialect == "sqlite":
+        cursor.execute("SELECT name FROM sqlite_master WHERE type = 'index' AND tbl_name = ?",
+                       (table,))
+    else:
+        cursor.execute("SELECT indexname FROM pg_indexes WHERE schemaname = current_schema() "
+                       "AND tablename = %s", (table,))
+    return {row[0] for row in cursor.fetchall()}
+
+
 def column_types(cursor: Any, table: str) -> dict[str, str]:
     """A PostgreSQL table's columns and their types, as the server names them."""
     cursor.execute("SELECT column_name, data_type FROM information_schema.columns "

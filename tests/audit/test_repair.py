@@ -416,3 +416,24 @@ def test_a_column_retyped_by_hand_is_named_and_repaired(under_test: StoreUnderTe
     repaired(under_test)
     code, report, _ = replayed(under_test)
     assert (code, report["differences"]) == (0, [])
+
+
+def test_an_index_dropped_by_hand_is_named_and_made_again(under_test: StoreUnderTest) -> None:
+    """Not a wrong answer, a slow one: named by replay, made again by a repair."""
+    told(under_test, 300)
+    under_test.sql("DROP INDEX nodes_parent")
+    if under_test.dialect == "postgresql":
+        under_test.sql("DROP INDEX state_allocations_node")
+
+    code, report, _ = replayed(under_test)
+
+    assert code == 1
+    assert sorted((d["table"], d["problem"], d["expected"]) for d in report["differences"]) == (
+        [("nodes", "index missing", "nodes_parent")] + (
+            [("state_allocations", "index missing", "state_allocations_node")]
+            if under_test.dialect == "postgresql" else []))
+    before = live_tables(under_test)
+    repaired(under_test)
+    assert live_tables(under_test) == before
+    code, report, stderr = replayed(under_test)
+    assert (code, report["differences"]) == (0, []), stderr
