@@ -134,8 +134,7 @@ def _replace(
 def _copy(cursor: Any, source: str, target: str) -> None:
     """``target``'s rows replaced by ``source``'s, in ``source``'s columns
     (a column a DBA added to ``target`` is left empty)."""
-    cursor.execute(f"SELECT * FROM {source} WHERE 1 = 0")
-    columns = ", ".join(d[0] for d in cursor.description)
+    columns = ", ".join(tables.columns_of(cursor, source))
     cursor.execute(f"DELETE FROM {target}")
     cursor.execute(f"INSERT INTO {target} ({columns}) SELECT {columns} FROM {source}")
 

@@ -286,8 +286,8 @@ def compare(
             there = tables.index_names(cursor, dialect, found + relation)
             differences += [Difference(name, "(indexes)", "index missing", None, index, None)
                             for index in tables.indexes_of(found, relation) if index not in there]
-        columns = [c for c in columns_of(cursor, expected + relation) if c not in CLOCKED]
-        if lacking := [c for c in columns if c not in columns_of(cursor, found + relation)]:
+        columns = [c for c in tables.columns_of(cursor, expected + relation) if c not in CLOCKED]
+        if lacking := [c for c in columns if c not in tables.columns_of(cursor, found + relation)]:
             differences += [Difference(name, "(columns)", "column missing", column, None, None)
                             for column in lacking]  # dropped by hand: no row can be compared
             continue
@@ -301,12 +301,6 @@ def compare(
         differences += _compare_relation(
             cursor, relation, KEYS[relation], columns, expected, found, name)
     return differences
-
-
-def columns_of(cursor: Any, relation: str) -> list[str]:
-    """A table's or view's columns, in their order."""
-    cursor.execute(f"SELECT * FROM {relation} WHERE 1 = 0")
-    return [d[0] for d in cursor.description]
 
 
 def definition(cursor: Any, dialect: str, prefix: str, view: str) -> str | None:

@@ -274,10 +274,14 @@ def _columns_kept(cursor: Any, view: str, statement: str) -> bool:
     cursor.execute("SELECT to_regclass(%s) IS NULL", (view,))
     if cursor.fetchone()[0]:
         return True
-    cursor.execute(f"SELECT * FROM {view} WHERE 1 = 0")
-    held = [d[0] for d in cursor.description]
-    cursor.execute(f"SELECT * FROM ({statement.split(' AS', 1)[1]}) v WHERE 1 = 0")
-    return held == [d[0] for d in cursor.description][:len(held)]
+    held = columns_of(cursor, view)
+    return held == columns_of(cursor, f"({statement.split(' AS', 1)[1]}) v")[:len(held)]
+
+
+def columns_of(cursor: Any, relation: str) -> list[str]:
+    """A table's or view's (or a subquery's) columns, in their order."""
+    cursor.execute(f"SELECT * FROM {relation} WHERE 1 = 0")
+    return [d[0] for d in cursor.description]
 
 
 def remake(cursor: Any, dialect: str, prefix: str, names: tuple[str, ...]) -> None:
@@ -292,8 +296,7 @@ def remake(cursor: Any, dialect: str, prefix: str, names: tuple[str, ...]) -> No
             cursor.execute(f"DROP TABLE {table}")
             continue
         cursor.execute(f"DELETE FROM {table}")
-        cursor.execute(f"SELECT * FROM {table} WHERE 1 = 0")
-        present = {d[0] for d in cursor.description}
+        present = set(columns_of(cursor, table))
         columns, key = shape(name)
         retyped = [c for c, kind in column_types(cursor, table).items()
                    if c in columns and kind != _kind(columns[c])]
