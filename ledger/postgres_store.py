@@ -855,17 +855,20 @@ class PostgresStore:
     def head(self, cursor: Any) -> int:
         """The last position, read together with its chain hash (the next append
         needs it); the log's tables alone (a role may read only those: an auditor's)."""
-        cursor.execute(HEAD, (self.stream,))
-        last, chain_hash = cursor.fetchone()
-        self._local.last = (last or 0, chain_hash)
-        return int(last or 0)
+        return self._read_head(cursor, HEAD, (self.stream,))[0]
 
     def head_and_repairs(self, cursor: Any) -> tuple[int, int]:
         """``head``, and the count of repairs, in the same round trip (a writer's)."""
-        cursor.execute(HEAD_AND_REPAIRS, (REPAIRS, self.stream))
-        last, chain_hash, repairs = cursor.fetchone()
+        head, repairs = self._read_head(cursor, HEAD_AND_REPAIRS, (REPAIRS, self.stream))
+        return head, int(repairs or 0)
+
+    def _read_head(self, cursor: Any, query: str, params: tuple[Any, ...]) -> list[Any]:
+        """The head (kept with its chain hash for the next append), then what
+        else ``query`` reads beside them."""
+        cursor.execute(query, params)
+        last, chain_hash, *more = cursor.fetchone()
         self._local.last = (last or 0, chain_hash)
-        return int(last or 0), int(repairs or 0)
+        return [int(last or 0), *more]
 
     def write_kept(
         self, cursor: Any, sql: Any, events: list[LoggedEvent], hashes: list[tuple[int, str]],
