@@ -539,6 +539,12 @@ class Cluster:
     def _take_down(
         self, node: Node, reason: str | None, fact: Fact, status: str = "down"
     ) -> None:
+        self._bring_down(node, reason, fact, status)
+        why = f"parent {node.node} {'went down' if status == 'down' else 'was removed'}"
+        self._cascade(node, why, fact)
+
+    def _bring_down(self, node: Node, reason: str | None, fact: Fact, status: str) -> None:
+        """A node down (or removed) with what it ran, its children left as they are."""
         lost = []
         for alloc_id in sorted(self.live_allocs(node.node)):
             self._lose(self._live_alloc(alloc_id), fact)
@@ -551,8 +557,6 @@ class Cluster:
         else:
             node.lost_allocs = lost if status == "down" or lost else node.lost_allocs
         self._changed_node(node)
-        why = f"parent {node.node} {'went down' if status == 'down' else 'was removed'}"
-        self._cascade(node, why, fact)
 
     @staticmethod
     def _took(node: Node, lost: list[str]) -> None:
@@ -560,15 +564,21 @@ class Cluster:
         node.lost_allocs = sorted(node.lost_allocs + lost)
 
     def _cascade(self, node: Node, why: str, fact: Fact) -> None:
-        """Take down every node whose parent chain includes this one."""
-        for child_name in sorted(self.child_nodes(node.node)):
-            child = self.node(child_name)
+        """Take down every node whose parent chain includes this one: depth
+        first, children by name, each told which parent took it down. A
+        stack, not a call per level: a chain may be thousands of nodes deep."""
+        below = [(name, why) for name in sorted(self.child_nodes(node.node), reverse=True)]
+        while below:
+            name, why = below.pop()
+            child = self.node(name)
             if child is None:
                 continue
-            if child.status in ("down", "removed"):
-                self._cascade(child, why, fact)  # down too, unless an older ledger let them back
-            else:
-                self._take_down(child, why, fact)
+            if child.status not in ("down", "removed"):
+                self._bring_down(child, why, fact, "down")
+                why = f"parent {name} went down"
+            # (one down already passes the reason on: unless an older ledger let it back)
+            below.extend((grandchild, why)
+                         for grandchild in sorted(self.child_nodes(name), reverse=True))
 
     def _mark_unknown(self, alloc: Allocation, fact: Fact) -> None:
         alloc.client_status = "unknown"

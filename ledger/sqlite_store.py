@@ -19,7 +19,12 @@ from functools import cache
 from typing import Any
 from urllib.parse import quote
 
-from eventsourcing.persistence import IntegrityError, PersistenceError, Tracking
+from eventsourcing.persistence import (
+    ConnectionPoolClosedError,
+    IntegrityError,
+    PersistenceError,
+    Tracking,
+)
 from eventsourcing.sqlite import SQLiteConnectionPool, SQLiteDatastore, SQLiteProcessRecorder
 
 from ledger import sqlite_writes
@@ -399,19 +404,46 @@ class SQLiteStore:
                 "into the store (copy the file somewhere writable first)"
             )
         try:
-            with self.datastore.get_connection(commit=True) as connection:
-                cursor = connection.cursor().sqlite_cursor
+            with self._cursor(commit=True) as cursor:
                 cursor.execute("PRAGMA synchronous = FULL")
                 cursor.execute("PRAGMA cache_size = -65536")
-                cursor.execute("BEGIN IMMEDIATE")
                 try:
+                    cursor.execute("BEGIN IMMEDIATE")
                     yield cursor
                 except BaseException:
-                    connection.rollback()
+                    cursor.connection.rollback()
                     raise
-                connection.commit()
+                cursor.connection.commit()
         except (sqlite3.Error, PersistenceError) as error:  # the cause kept: see _busy
             raise StoreUnavailable(f"store {self.url}: {describe(error, self.path)}") from error
+
+    @contextmanager
+    def _cursor(self, commit: bool) -> Iterator[sqlite3.Cursor]:
+        """A new cursor of a pooled connection, outside any transaction. A
+        signal between a ``BEGIN`` and the ``try`` that ends it (Python raises
+        ``KeyboardInterrupt`` between any two bytecodes) hands the connection
+        back to the pool still in its transaction: rolled back here, or the
+        next transaction on it fails (a ``replay`` stopped by Ctrl-C could
+        not drop its scratch tables: "Safety level may not be changed inside
+        a transaction")."""
+        thrown: BaseException | None = None
+        try:
+            with self.datastore.get_connection(commit=commit) as pooled:
+                cursor = pooled.cursor().sqlite_cursor
+                if cursor.connection.in_transaction:
+                    cursor.connection.rollback()
+                try:
+                    yield cursor
+                except BaseException as error:
+                    thrown = error
+                    raise
+        except (ConnectionPoolClosedError, sqlite3.ProgrammingError):
+            # The same signal, between taking a connection and the ``with``
+            # that gives it back, leaves this generator to be finalized after
+            # the store closed (its connections closed with it): nothing is
+            # left to roll back or give back to, and nothing to say at exit.
+            if not _finalized(thrown):
+                raise
 
     def projecting(self, waits: float | None = None) -> Any:
         """A transaction for catching up the projection tables (bounded by the
@@ -438,8 +470,12 @@ class SQLiteStore:
     @contextmanager
     def reading(self) -> Iterator[sqlite3.Cursor]:
         try:
-            with self.datastore.transaction(commit=False) as cursor:
-                yield cursor.sqlite_cursor
+            with self._cursor(commit=False) as cursor:
+                try:
+                    cursor.execute("BEGIN")
+                    yield cursor
+                finally:
+                    cursor.connection.rollback()
         except (sqlite3.Error, PersistenceError) as error:  # the cause kept: see _busy
             raise StoreUnavailable(f"store {self.url}: {describe(error, self.path)}") from error
 
@@ -559,3 +595,14 @@ class SQLiteStore:
 
     def close(self) -> None:
         self.datastore.close()
+
+
+def _finalized(error: BaseException | None) -> bool:
+    """Whether ``error`` was raised while a generator was being finalized
+    (closed by the garbage collector: ``GeneratorExit``, or an error on
+    the way out of it)."""
+    while error is not None:
+        if isinstance(error, GeneratorExit):
+            return True
+        error = error.__context__
+    return False

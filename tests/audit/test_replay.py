@@ -5,6 +5,11 @@ tables."""
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
+import textwrap
+from contextlib import ExitStack
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -267,3 +272,50 @@ def test_on_postgresql_replay_names_a_redefined_decision_view(
     assert code == 1, stderr
     assert [(d["table"], d["problem"]) for d in report["differences"]] == [
         ("state_zombie_slots", "redefined")]
+
+
+def test_a_connection_handed_back_in_its_transaction_stops_neither_replay_nor_its_cleanup(
+    sqlite_under_test: StoreUnderTest,
+) -> None:
+    """Ctrl-C between a ``BEGIN`` and the code that ends its transaction
+    handed the SQLite connection back to the pool still in it. The next
+    transaction on that connection failed ("Safety level may not be changed
+    inside a transaction"), so an interrupted ``replay --repair`` ended with
+    exit 3 instead of "interrupted", and left its scratch tables behind."""
+    told(sqlite_under_test, events=300)
+    store = open_store(sqlite_under_test.url, create=False)
+    try:
+        with ExitStack() as held:  # every connection the pool keeps idle, left in a transaction
+            for _ in range(6):
+                held.enter_context(store.datastore.get_connection(commit=False)).cursor().execute(
+                    "BEGIN")
+        report = replaying.replay(store)
+    finally:
+        store.close()
+
+    assert (report.differences, report.events) == ([], 300)
+    assert scratch_tables(sqlite_under_test) == []
+
+
+def test_transactions_a_signal_left_entered_end_quietly_when_the_store_closes(
+    sqlite_under_test: StoreUnderTest,
+) -> None:
+    """Where a signal stops a command between taking a connection and the
+    ``with`` that gives it back, the transaction is finalized only after the
+    store closed: that printed a traceback ("Exception ignored in: <generator
+    object SQLiteStore.reading>", "Pool is closed") after "interrupted"."""
+    told(sqlite_under_test, events=30)
+    script = textwrap.dedent(f"""
+        from ledger.store import open_store
+        store = open_store({sqlite_under_test.url!r}, create=False)
+        reading = store.reading()  # entered as a signal leaves them: never left
+        reading.__enter__()
+        writing = store.writing()
+        writing.__enter__()
+        store.close()
+    """)
+    root = Path(__file__).resolve().parents[2]
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, cwd=root,
+                          timeout=60, check=False)
+
+    assert (done.returncode, done.stderr.decode()) == (0, "")
