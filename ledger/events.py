@@ -341,7 +341,8 @@ def describe(error: ValidationError, tagged: bool = True) -> str:
         elif kind in ("bool_type", "bool_parsing"):
             parts.append(f"field '{field}': must be true or false (JSON), not {_shown(item)}")
         elif kind in ("model_type", "dict_type", "model_attributes_type") and not field:
-            parts.append("an event must be a JSON object")
+            array = isinstance(item.get("input"), list | tuple)
+            parts.append("an event must be a JSON object" + (AN_ARRAY if array else ""))
         else:
             msg = item["msg"].replace("Value error, ", "")
             parts.append(f"field '{field}': {msg}" if field else msg)
@@ -365,12 +366,14 @@ def _json_problem(text: str | bytes) -> str:
     ):
         return "the line starts with a byte order mark (BOM); write UTF-8 without one"
     if isinstance(text, bytes):
+        if packed := _compressed(text):
+            return packed
         try:
             text.decode()
         except UnicodeDecodeError as error:
             return _not_utf8(text, error)
         if text and text.count(b"\x00") * 3 >= len(text):  # a later line of UTF-16 text
-            return LOOKS_UTF16
+            return LOOKS_UTF16 if _looks_utf16(text) else NOT_TEXT
     # without its trailing JSON whitespace only: JSON allows no other
     line = text.rstrip(b" \t\r\n") if isinstance(text, bytes) else text.rstrip(" \t\r\n")
     try:
@@ -385,17 +388,60 @@ def _json_problem(text: str | bytes) -> str:
         elif message.startswith(("unexpected end of hex escape", "lone leading surrogate")):
             message += ("; escapes from \\ud800 to \\udfff are halves of a character, "
                         "in pairs: one from \\ud800 to \\udbff, then one from \\udc00 to \\udfff")
+        else:
+            message += _spread(line)
         return message
     return "not an event"  # pragma: no cover - JSON allows that whitespace anywhere
 
 
 LOOKS_UTF16 = "the line is not UTF-8 (it looks like UTF-16); write events as UTF-8"
+NOT_TEXT = "the line holds NUL bytes: the input is not text (a binary file?); write events as UTF-8"
+AN_ARRAY = (" (a JSON array? submit reads JSON Lines, one event object per line: "
+            "jq -c '.[]' FILE | alloc-ledger submit -)")
+SPREAD = (" (an event spread over several lines? submit reads JSON Lines, one event object "
+          "per line: jq -c . FILE | alloc-ledger submit -)")
+# How compressed input starts, what it is, and the tool that reads it out.
+COMPRESSED = ((b"\x1f\x8b", "gzip", "zcat"), (b"\x28\xb5\x2f\xfd", "zstd", "zstdcat"),
+              (b"\xfd7zXZ\x00", "xz", "xzcat"), (b"BZh", "bzip2", "bzcat"))
+PRETTY_KEY = re.compile(r'"[^"\\]*"\s*:')  # a line of pretty-printed JSON: "node": …
+
+
+def _compressed(line: bytes) -> str:
+    """What a stream that starts compressed is, and how to read it (else "")."""
+    for magic, name, tool in COMPRESSED:
+        if line.startswith(magic) and (name != "bzip2" or line[4:10] == b"1AY&SY"):
+            return f"the input is {name}-compressed, not text: {tool} FILE | alloc-ledger submit -"
+    return ""
+
+
+def _looks_utf16(line: bytes) -> bool:
+    """A byte order mark, or NUL bytes at every other place (ASCII in UTF-16)."""
+    if line.startswith((b"\xff\xfe", b"\xfe\xff")):
+        return True
+    nuls = line.count(b"\x00")
+    even = line[::2].count(b"\x00")
+    return nuls * 3 >= len(line) and max(even, nuls - even) * 10 >= nuls * 9
+
+
+def _spread(line: str | bytes) -> str:
+    """How to submit a line that is part of a JSON array or of pretty-printed
+    JSON (else ""): JSON Lines holds one event per line."""
+    text = (line.decode() if isinstance(line, bytes) else line).strip()
+    if text.startswith("["):
+        return AN_ARRAY
+    if text in ("{", "}", "},", "]", "],") or PRETTY_KEY.match(text) or (
+        text.startswith("{") and text.endswith(("{", "[", ","))
+    ):
+        return SPREAD
+    return ""
 
 
 def _not_utf8(line: bytes, error: UnicodeDecodeError) -> str:
     """A line in another encoding: which one it looks like, where it fails."""
-    if line.startswith((b"\xff\xfe", b"\xfe\xff")) or b"\x00" in line:
+    if _looks_utf16(line):
         return LOOKS_UTF16
+    if b"\x00" in line:
+        return NOT_TEXT
     return (
         f"the line is not UTF-8 (byte 0x{line[error.start]:02x} at column {error.start + 1}, "
         "Latin-1 or another encoding?); write events as UTF-8"

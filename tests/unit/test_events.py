@@ -3,7 +3,10 @@ the same JSON line would be, and a line that is not JSON is placed by column."""
 
 from __future__ import annotations
 
+import bz2
+import gzip
 import json
+import lzma
 import math
 import re
 from datetime import datetime, timedelta, timezone
@@ -547,9 +550,61 @@ def test_an_optional_field_given_as_null_is_left_out_or_takes_its_default() -> N
                               "max_disconnect": None}) == PLACED
 
 
-@pytest.mark.parametrize("line", ["[1]", "null", '"heartbeat"', "42", "[]"])
+@pytest.mark.parametrize("line", ["null", '"heartbeat"', "42"])
 def test_json_that_is_no_object_is_not_an_event(line: str) -> None:
     assert outcome(line) == ("invalid", "an event must be a JSON object")
+
+
+ARRAY = ("(a JSON array? submit reads JSON Lines, one event object per line: "
+         "jq -c '.[]' FILE | alloc-ledger submit -)")
+SPREAD = ("(an event spread over several lines? submit reads JSON Lines, one event object "
+          "per line: jq -c . FILE | alloc-ledger submit -)")
+
+
+@pytest.mark.parametrize("line", ["[1]", "[]", '[{"type": "heartbeat", "node": "n1"}]'])
+def test_a_json_array_is_told_how_to_submit_its_events(line: str) -> None:
+    assert outcome(line) == ("invalid", f"an event must be a JSON object {ARRAY}")
+
+
+@pytest.mark.parametrize(("line", "error"), [
+    ("[\n", f"EOF while parsing a list at column 1 {ARRAY}"),
+    ('  [{"type": "heartbeat",\n', f"EOF while parsing a value at column 24 {ARRAY}"),
+    ("{\n", f"EOF while parsing an object at column 1 {SPREAD}"),
+    ('    "type": "heartbeat",\n', f"trailing characters at column 11 {SPREAD}"),
+    ('  "slots": [\n', f"trailing characters at column 10 {SPREAD}"),
+    ('{"type": "heartbeat",\n', f"EOF while parsing a value at column 21 {SPREAD}"),
+    ("  },\n", f"expected value at column 3 {SPREAD}"),
+    ("}\n", f"expected value at column 1 {SPREAD}"),
+    # an event cut short on its one line, or not JSON at all: no such guess
+    ('{"type": "heartbeat", "node": "n1"\n', "EOF while parsing an object at column 34"),
+    ("not json\n", "expected ident at column 2"),
+])
+def test_lines_of_pretty_printed_json_are_told_that_an_event_takes_one_line(
+    line: str, error: str
+) -> None:
+    assert outcome(line) == ("invalid", f"not valid JSON: {error}")
+
+
+@pytest.mark.parametrize(("compress", "told"), [
+    (gzip.compress, "gzip-compressed, not text: zcat FILE"),
+    (bz2.compress, "bzip2-compressed, not text: bzcat FILE"),
+    (lzma.compress, "xz-compressed, not text: xzcat FILE"),
+])
+def test_a_compressed_stream_is_named_with_how_to_read_it(compress: Any, told: str) -> None:
+    line = compress(b'{"type": "heartbeat", "node": "n1"}\n').split(b"\n")[0] + b"\n"
+    assert outcome(line) == (
+        "invalid", f"not valid JSON: the input is {told} | alloc-ledger submit -")
+
+
+@pytest.mark.parametrize("line", [
+    b"\x7fELF\x02\x01\x01\x00\x00\x00\x00\x00\x00\x00\x00\x00\x03\x00>\x00\x01\x00\x00\x00\n",
+    b"\x00\x00\x00\x00\xde\xad\xbe\xef\x00\x00\n",
+    b"\x00\x00\x00\x01\x00\x00\n",  # valid UTF-8, but NULs not at every other place
+])
+def test_a_binary_file_is_named_as_not_text_not_as_utf16(line: bytes) -> None:
+    assert outcome(line) == ("invalid", (
+        "not valid JSON: the line holds NUL bytes: the input is not text (a binary file?); "
+        "write events as UTF-8"))
 
 
 def test_every_wrong_field_is_named_up_to_three() -> None:
