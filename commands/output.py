@@ -79,9 +79,25 @@ def output_lost(
     error: OSError, lost: Callable[[str], click.ClickException] = cannot_print
 ) -> click.ClickException:
     """The line ``lost(why)`` for output stdout could not take; what it
-    still holds goes nowhere (not into a warning at exit)."""
+    still holds goes nowhere (not into a warning at exit). A reader that
+    closed the pipe (``| head``) had what it wanted: the command ends
+    quietly, as one ended by SIGPIPE does (``ReaderGone``), unless its
+    ``lost`` has more to say (``submit``: what was kept)."""
     _discard_stdout()
+    if error.errno == errno.EPIPE and lost is cannot_print:
+        return ReaderGone("")
     return lost(error.strerror or type(error).__name__)
+
+
+class ReaderGone(click.ClickException):
+    """stdout's reader closed it early (``| head``): no line, exit 141, the
+    status a shell shows for a command ended by SIGPIPE, as ``seq`` or
+    ``cat`` end there (so ``set -o pipefail`` sees it as it sees theirs)."""
+
+    exit_code = 141
+
+    def show(self, file: Any = None) -> None:
+        """Nothing: the reader has what it read."""
 
 
 def _write_all(buffer: Any, data: bytes) -> None:
