@@ -585,6 +585,23 @@ def test_lines_of_pretty_printed_json_are_told_that_an_event_takes_one_line(
     assert outcome(line) == ("invalid", f"not valid JSON: {error}")
 
 
+@pytest.mark.parametrize("line", [
+    '{"type": "heartbeat", "node": "n1"},\n',  # JSON Lines written with commas
+    '  {"type": "heartbeat", "node": "n1"},\n',  # an array, one element per line
+])
+def test_a_whole_event_followed_by_a_comma_is_not_told_it_is_spread_over_lines(
+    line: str,
+) -> None:
+    """The event is whole on its line; what is wrong is the comma after it.
+    Told "an event spread over several lines? jq -c . FILE | …", a user
+    runs jq, which stops at the first comma ("Expected value before ','",
+    exit 4) after printing the first event: piped into submit, that event
+    alone is submitted."""
+    status, error = outcome(line)
+    assert status == "invalid"
+    assert SPREAD not in error
+
+
 @pytest.mark.parametrize(("compress", "told"), [
     (gzip.compress, "gzip-compressed, not text: zcat FILE"),
     (bz2.compress, "bzip2-compressed, not text: bzcat FILE"),
