@@ -398,6 +398,8 @@ LOOKS_UTF16 = "the line is not UTF-8 (it looks like UTF-16); write events as UTF
 NOT_TEXT = "the line holds NUL bytes: the input is not text (a binary file?); write events as UTF-8"
 AN_ARRAY = (" (a JSON array? submit reads JSON Lines, one event object per line: "
             "jq -c '.[]' FILE | alloc-ledger submit -)")
+A_COMMA = (" (a comma after the event? JSON Lines holds one event object per line and nothing "
+           "after it; for a JSON array: jq -c '.[]' FILE | alloc-ledger submit -)")
 SPREAD = (" (an event spread over several lines? submit reads JSON Lines, one event object "
           "per line: jq -c . FILE | alloc-ledger submit -)")
 # How compressed input starts, what it is, and the tool that reads it out.
@@ -427,13 +429,24 @@ def _spread(line: str | bytes) -> str:
     """How to submit a line that is part of a JSON array or of pretty-printed
     JSON (else ""): JSON Lines holds one event per line."""
     text = (line.decode() if isinstance(line, bytes) else line).strip()
-    if text.startswith("["):
+    if text.startswith("[") or text in ("]", "],"):
         return AN_ARRAY
-    if text in ("{", "}", "},", "]", "],") or PRETTY_KEY.match(text) or (
-        text.startswith("{") and text.endswith(("{", "[", ","))
+    if text.endswith(",") and _whole(text.removesuffix(",")):
+        return A_COMMA  # an array of one element per line, or JSON Lines with commas
+    if text in ("{", "}", "},") or PRETTY_KEY.match(text) or (
+        text.startswith("{") and text.endswith(("{", "["))
     ):
         return SPREAD
     return ""
+
+
+def _whole(text: str) -> bool:
+    """Whether ``text`` is one JSON object: an event with a comma after it
+    (a JSON array, one element per line, or JSON Lines written with commas)."""
+    try:
+        return isinstance(orjson.loads(text), dict)
+    except orjson.JSONDecodeError:
+        return False
 
 
 def _not_utf8(line: bytes, error: UnicodeDecodeError) -> str:

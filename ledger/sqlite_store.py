@@ -442,8 +442,10 @@ class SQLiteStore:
             # that gives it back, leaves this generator to be finalized after
             # the store closed (its connections closed with it): nothing is
             # left to roll back or give back to, and nothing to say at exit.
-            if not _finalized(thrown):
+            closing = _finalized(thrown)
+            if closing is None:
                 raise
+            raise closing from None  # still closing: nothing after the ``with`` runs
 
     def projecting(self, waits: float | None = None) -> Any:
         """A transaction for catching up the projection tables (bounded by the
@@ -597,12 +599,12 @@ class SQLiteStore:
         self.datastore.close()
 
 
-def _finalized(error: BaseException | None) -> bool:
-    """Whether ``error`` was raised while a generator was being finalized
-    (closed by the garbage collector: ``GeneratorExit``, or an error on
-    the way out of it)."""
+def _finalized(error: BaseException | None) -> GeneratorExit | None:
+    """The ``GeneratorExit`` behind ``error`` if it was raised while a
+    generator was being closed (by the garbage collector: the exit itself,
+    or an error on the way out of it)."""
     while error is not None:
         if isinstance(error, GeneratorExit):
-            return True
+            return error
         error = error.__context__
-    return False
+    return None

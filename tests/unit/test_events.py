@@ -572,11 +572,12 @@ def test_a_json_array_is_told_how_to_submit_its_events(line: str) -> None:
     ("{\n", f"EOF while parsing an object at column 1 {SPREAD}"),
     ('    "type": "heartbeat",\n', f"trailing characters at column 11 {SPREAD}"),
     ('  "slots": [\n', f"trailing characters at column 10 {SPREAD}"),
-    ('{"type": "heartbeat",\n', f"EOF while parsing a value at column 21 {SPREAD}"),
     ("  },\n", f"expected value at column 3 {SPREAD}"),
     ("}\n", f"expected value at column 1 {SPREAD}"),
-    # an event cut short on its one line, or not JSON at all: no such guess
+    ("]\n", f"expected value at column 1 {ARRAY}"),
+    # an event cut short on its one line (at a comma, too), or not JSON at all: no such guess
     ('{"type": "heartbeat", "node": "n1"\n', "EOF while parsing an object at column 34"),
+    ('{"type": "heartbeat",\n', "EOF while parsing a value at column 21"),
     ("not json\n", "expected ident at column 2"),
 ])
 def test_lines_of_pretty_printed_json_are_told_that_an_event_takes_one_line(
@@ -600,6 +601,9 @@ def test_a_whole_event_followed_by_a_comma_is_not_told_it_is_spread_over_lines(
     status, error = outcome(line)
     assert status == "invalid"
     assert SPREAD not in error
+    assert error.endswith(
+        " (a comma after the event? JSON Lines holds one event object per line and nothing "
+        "after it; for a JSON array: jq -c '.[]' FILE | alloc-ledger submit -)")
 
 
 @pytest.mark.parametrize(("compress", "told"), [
