@@ -23,18 +23,7 @@ class RecursiveCluster(Cluster):
     def _take_down(
         self, node: Node, reason: str | None, fact: Fact, status: str = "down"
     ) -> None:
-        lost = []
-        for alloc_id in sorted(self.live_allocs(node.node)):
-            self._lose(self._live_alloc(alloc_id), fact)
-            lost.append(alloc_id)
-        node.status = status
-        node.reason = reason
-        node.since_position = fact.position
-        if fact.rules >= 3:
-            self._took(node, lost)
-        else:
-            node.lost_allocs = lost if status == "down" or lost else node.lost_allocs
-        self._changed_node(node)
+        self._bring_down(node, reason, fact, status)  # its own losses: unchanged by the stack
         why = f"parent {node.node} {'went down' if status == 'down' else 'was removed'}"
         self._cascade(node, why, fact)
 
