@@ -404,7 +404,8 @@ class SQLiteStore:
                 "into the store (copy the file somewhere writable first)"
             )
         try:
-            with self._cursor(commit=True) as cursor:
+            with self._connection(commit=True) as pooled:
+                cursor = pooled.cursor().sqlite_cursor
                 cursor.execute("PRAGMA synchronous = FULL")
                 cursor.execute("PRAGMA cache_size = -65536")
                 try:
@@ -418,31 +419,26 @@ class SQLiteStore:
             raise StoreUnavailable(f"store {self.url}: {describe(error, self.path)}") from error
 
     @contextmanager
-    def _cursor(self, commit: bool) -> Iterator[sqlite3.Cursor]:
-        """A new cursor of a pooled connection, outside any transaction. A
-        signal between a ``BEGIN`` and the ``try`` that ends it (Python raises
+    def _connection(self, commit: bool) -> Iterator[Any]:
+        """A pooled connection, outside any transaction. A signal between a
+        ``BEGIN`` and the ``try`` that ends it (Python raises
         ``KeyboardInterrupt`` between any two bytecodes) hands the connection
         back to the pool still in its transaction: rolled back here, or the
         next transaction on it fails (a ``replay`` stopped by Ctrl-C could
         not drop its scratch tables: "Safety level may not be changed inside
         a transaction")."""
-        thrown: BaseException | None = None
         try:
             with self.datastore.get_connection(commit=commit) as pooled:
-                cursor = pooled.cursor().sqlite_cursor
-                if cursor.connection.in_transaction:
-                    cursor.connection.rollback()
-                try:
-                    yield cursor
-                except BaseException as error:
-                    thrown = error
-                    raise
-        except (ConnectionPoolClosedError, sqlite3.ProgrammingError):
+                raw = pooled.cursor().sqlite_cursor.connection
+                if raw.in_transaction:
+                    raw.rollback()
+                yield pooled
+        except (ConnectionPoolClosedError, sqlite3.ProgrammingError, PersistenceError) as error:
             # The same signal, between taking a connection and the ``with``
             # that gives it back, leaves this generator to be finalized after
             # the store closed (its connections closed with it): nothing is
             # left to roll back or give back to, and nothing to say at exit.
-            closing = _finalized(thrown)
+            closing = _finalized(error)
             if closing is None:
                 raise
             raise closing from None  # still closing: nothing after the ``with`` runs
@@ -472,12 +468,8 @@ class SQLiteStore:
     @contextmanager
     def reading(self) -> Iterator[sqlite3.Cursor]:
         try:
-            with self._cursor(commit=False) as cursor:
-                try:
-                    cursor.execute("BEGIN")
-                    yield cursor
-                finally:
-                    cursor.connection.rollback()
+            with self._connection(commit=False) as pooled, pooled.transaction(commit=False) as cursor:
+                yield cursor.sqlite_cursor
         except (sqlite3.Error, PersistenceError) as error:  # the cause kept: see _busy
             raise StoreUnavailable(f"store {self.url}: {describe(error, self.path)}") from error
 

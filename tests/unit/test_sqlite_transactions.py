@@ -1,4 +1,4 @@
-"""SQLite transactions ended after the store closed (``SQLiteStore._cursor``):
+"""SQLite transactions ended after the store closed (``SQLiteStore._connection``):
 quiet, but never taken for transactions that ended well."""
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ def test_a_transaction_a_closed_generator_held_does_not_end_as_if_it_had_ended_w
     tmp_path: Path, transaction: str
 ) -> None:
     """A generator (Python API) holding a transaction across a ``yield``,
-    closed after the store closed: ``_cursor`` swallows the pool's error and
+    closed after the store closed: ``_connection`` swallowed the pool's error and
     with it the ``GeneratorExit``, so the code after the ``with`` runs as if
     the write had committed (it did not), then close() raises "generator
     ignored GeneratorExit". Before (e4fee08): "Pool is closed", nothing run."""
