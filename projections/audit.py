@@ -125,8 +125,10 @@ class Auditor:
             name: {} for name in ("reconnects", "zombie_slots", "releasing_addresses", "suspects")
         }
         self.node_state: dict[str, tuple[str, str]] = {}
-        self.reports: dict[tuple[str, int], str] = {}  # slot -> reported alloc
-        self.reporting: dict[str, set[tuple[str, int]]] = {}  # alloc -> slots reporting it
+        # What each node reports, indexed both ways and per node, so that a
+        # report is judged against its own node's report only.
+        self.reports: dict[str, dict[int, str]] = {}  # node -> slot -> reported alloc
+        self.reporting: dict[str, dict[str, set[int]]] = {}  # alloc -> node -> its slots
         self.last_at = ""
 
     # -- the walk --------------------------------------------------------------
@@ -190,28 +192,46 @@ class Auditor:
         affected: set[tuple[str, int]] = set()
         for slot in changes.slots:
             key = (slot.node, slot.slot)
-            before = self.reports.get(key)
+            before = self.reports.get(slot.node, {}).get(slot.slot)
             if before != slot.reported_alloc:
                 if before is not None:
-                    self.reporting[before].discard(key)
-                    affected |= self.reporting[before]
-                if slot.reported_alloc is None:
-                    self.reports.pop(key, None)
-                else:
-                    self.reports[key] = slot.reported_alloc
-                    self.reporting.setdefault(slot.reported_alloc, set()).add(key)
-                    affected |= self.reporting[slot.reported_alloc]
+                    affected |= self._unreport(slot.node, slot.slot, before)
+                if slot.reported_alloc is not None:
+                    affected |= self._report(slot.node, slot.slot, slot.reported_alloc)
             affected.add(key)
         for alloc in changes.allocs:
-            affected |= self.reporting.get(alloc.alloc, set())
+            for node, slots in self.reporting.get(alloc.alloc, {}).items():
+                affected.update((node, slot) for slot in slots)
         for node in changes.nodes:  # a removed node's report is no zombie any more
             if node.status == "removed":
-                affected |= {key for key in self.reports if key[0] == node.node}
+                affected.update((node.node, slot) for slot in self.reports.get(node.node, ()))
         for key in sorted(affected):
             self._judge_slot(key, position, at)
 
+    def _report(self, node: str, slot: int, alloc: str) -> set[tuple[str, int]]:
+        """Note a slot's report; the node's slots reporting that allocation."""
+        self.reports.setdefault(node, {})[slot] = alloc
+        slots = self.reporting.setdefault(alloc, {}).setdefault(node, set())
+        slots.add(slot)
+        return {(node, other) for other in slots}
+
+    def _unreport(self, node: str, slot: int, alloc: str) -> set[tuple[str, int]]:
+        """Forget a slot's report; the node's slots still reporting that allocation."""
+        reported = self.reports[node]
+        del reported[slot]
+        if not reported:
+            del self.reports[node]
+        by_node = self.reporting[alloc]
+        slots = by_node[node]
+        slots.discard(slot)
+        if not slots:
+            del by_node[node]
+            if not by_node:
+                del self.reporting[alloc]
+        return {(node, other) for other in slots}
+
     def _judge_slot(self, key: tuple[str, int], position: int, at: str) -> None:
-        alloc_id = self.reports.get(key)
+        alloc_id = self.reports.get(key[0], {}).get(key[1])
         reason = None if alloc_id is None else self.zombie_reason(key, alloc_id)
         current = self.open["zombie_slots"].get(key)
         if current is not None and (
@@ -237,7 +257,7 @@ class Auditor:
         if alloc.removed or alloc.terminal:
             return "released"
         here = alloc.node == node and alloc.slot == slot
-        twice = sum(1 for n, _ in self.reporting.get(alloc_id, ()) if n == node) > 1
+        twice = len(self.reporting.get(alloc_id, {}).get(node, ())) > 1
         if twice and not here:
             return "duplicate"
         return None if here else "moved"
