@@ -200,8 +200,8 @@ class Auditor:
                     affected |= self._report(slot.node, slot.slot, slot.reported_alloc)
             affected.add(key)
         for alloc in changes.allocs:
-            for node, slots in self.reporting.get(alloc.alloc, {}).items():
-                affected.update((node, slot) for slot in slots)
+            for reporter, slots in self.reporting.get(alloc.alloc, {}).items():
+                affected.update((reporter, slot) for slot in slots)
         for node in changes.nodes:  # a removed node's report is no zombie any more
             if node.status == "removed":
                 affected.update((node.node, slot) for slot in self.reports.get(node.node, ()))
