@@ -843,13 +843,17 @@ class PostgresStore:
     # -- the log -------------------------------------------------------------
 
     def preload(
-        self, cursor: Any, statements: Statements, cluster: Any, batch: list[dict[str, Any]]
+        self, cursor: Any, statements: Statements, cluster: Any, batch: list[dict[str, Any]],
+        ids: bool = True,
     ) -> None:
         """Load every entity a batch names into the cluster's caches, and the
-        batch's known client ids for ``known_ids``: one round trip in all."""
+        batch's known client ids for ``known_ids`` (``ids``): one round trip in all."""
         named = not_cached(cluster, named_by(batch))
+        if not ids:
+            named.ids = []
         sent = self._preload.send(cursor, statements.prefix, named)
-        self._local.ids = (named.ids, sent)
+        if ids:
+            self._local.ids = (named.ids, sent)
         self._preload.fill(cluster, named, sent)
 
     def head(self, cursor: Any) -> int:

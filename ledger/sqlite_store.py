@@ -473,7 +473,9 @@ class SQLiteStore:
         except (sqlite3.Error, PersistenceError) as error:  # the cause kept: see _busy
             raise StoreUnavailable(f"store {self.url}: {describe(error, self.path)}") from error
 
-    def preload(self, cursor: Any, sql: Any, cluster: Any, batch: list[dict[str, Any]]) -> None:
+    def preload(
+        self, cursor: Any, sql: Any, cluster: Any, batch: list[dict[str, Any]], ids: bool = True
+    ) -> None:
         """The allocations a batch places, and their addresses, that the caches
         miss, one query each: mostly new, so found absent. One lookup at a
         time, each would hand the GIL to the writer thread and wait to take

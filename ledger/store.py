@@ -124,9 +124,12 @@ class Store(Protocol):
     def guards(self, cursor: Any) -> Guards:
         """Whether the log's append-only guards are in place, each as made."""
 
-    def preload(self, cursor: Any, sql: Any, cluster: Any, batch: list[dict[str, Any]]) -> None:
+    def preload(
+        self, cursor: Any, sql: Any, cluster: Any, batch: list[dict[str, Any]], ids: bool = True
+    ) -> None:
         """Load what a batch names into the cluster's caches, where a load costs
-        a round trip (the domain would otherwise load entities one by one)."""
+        a round trip (the domain would otherwise load entities one by one);
+        ``ids``: and which of its client ids are known (``known_ids``)."""
 
     def head(self, cursor: Any) -> int:
         """The position of the last event in the log (0 when empty)."""

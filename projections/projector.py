@@ -11,10 +11,12 @@ from __future__ import annotations
 import itertools
 from typing import Any
 
+import orjson
+
 from ledger.collection import fewer_collections
 from ledger.domain import Cluster
 from ledger.errors import LogEndsEarly, Refused, TablesDisagree, Unchained
-from ledger.records import Progress, replay_log
+from ledger.records import LoggedEvent, Progress, replay_log
 from ledger.store import Store
 from projections.rows import Statements, TableSource, changed_rows
 
@@ -65,8 +67,15 @@ class Projector:
         progress = Progress(tracked)
         while progress.position < head:
             before = progress.position
+            page = list(itertools.islice(log, PAGE))
+            # What the page names, loaded at once where a load is a round trip
+            # (PostgreSQL): one by one, 10,000 nodes cost a second each 1,500.
             try:
-                replay_log(self.cluster, itertools.islice(log, PAGE), progress)
+                self.store.preload(cursor, self.sql, self.cluster, events_of(page), ids=False)
+            except (TypeError, LookupError, AttributeError):
+                pass  # an event edited in the log: the replay below names it
+            try:
+                replay_log(self.cluster, page, progress)
             except Refused as refused:
                 raise TablesDisagree(refused, tracked) from None
             self.store.write_rows(cursor, self.sql, changed_rows(self.cluster.take_changes()))
@@ -87,3 +96,17 @@ class Projector:
             (head,),
         )
         raise Unchained(max(cursor.fetchone()[0] or 0, tracked) + 1)
+
+
+def events_of(page: list[LoggedEvent]) -> list[dict[str, Any]]:
+    """The events a page of the log holds, as far as they read as events;
+    one that does not is left for the replay to name (``Unreadable``)."""
+    events = []
+    for _, _, data in page:
+        try:
+            event = orjson.loads(data)["event"]
+        except (ValueError, LookupError, TypeError):
+            continue
+        if isinstance(event, dict) and isinstance(event.get("type"), str):
+            events.append(event)
+    return events

@@ -24,6 +24,7 @@ from signal_support import as_at_a_terminal
 from ledger.application import Ledger
 from ledger.store import open_store
 from projections.projector import Projector
+from projections.rows import TableSource
 from scripts.simulate import generate
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -399,3 +400,37 @@ def test_a_follower_wakes_on_its_own_schemas_appends_not_on_anothers(pg_url):
     finally:
         with psycopg.connect(dsn, autocommit=True) as connection:
             connection.execute(f"DROP SCHEMA IF EXISTS {schema} CASCADE")
+
+
+def test_a_catch_up_loads_what_a_page_names_at_once_not_one_by_one(
+    pg_url, replayed, tables, monkeypatch
+):
+    """A follower on a cluster of many nodes: what each page of the log names
+    is loaded in one round trip, not node by node (a round trip each made
+    10,000 nodes' heartbeats project at 1,400 events/s)."""
+    nodes = 300
+    with Ledger.open(pg_url) as ledger:
+        ledger.submit_batch(
+            [{"type": "node-registered", "node": f"n{i}", "slots": 1} for i in range(nodes)])
+        ledger.project()
+        beats = [{"type": "heartbeat", "node": f"n{(i * 7) % nodes}"} for i in range(2 * nodes)]
+        beats.append({"type": "alloc-placed", "alloc": "a1", "node": "n1", "slot": 0,
+                      "addresses": ["10.0.0.1"]})
+        ledger.submit_batch(beats)
+    one_by_one = []
+    for load in ("load_node", "load_slots", "load_alloc", "load_address",
+                 "load_live_allocs", "load_children"):
+        original = getattr(TableSource, load)
+
+        def counted(source, key, original=original, load=load):
+            one_by_one.append((load, key))
+            return original(source, key)
+
+        monkeypatch.setattr(TableSource, load, counted)
+    with Ledger.open(pg_url) as ledger:
+        assert ledger.project() == (nodes, 3 * nodes + 1)
+    assert one_by_one == []
+    live = tables(pg_url)
+    assert [r["node"] for r in live.rows("SELECT node FROM slots WHERE alloc = ?", "a1")] == ["n1"]
+    assert live.rows("SELECT COUNT(*) AS n FROM nodes WHERE status = ?", "ready") == [{"n": nodes}]
+    assert live.snapshot() == replayed(pg_url)

@@ -1,0 +1,46 @@
+"""An event edited in the log is named by the follower that reaches it, as
+before the follower loaded each page's names at once: the load skips what
+does not read as an event, and the replay names it (PostgreSQL; SQLite has
+no follower)."""
+
+from __future__ import annotations
+
+import orjson
+import pytest
+from audit_support import Attacker, StoreUnderTest, run
+
+from ledger.application import Ledger
+
+
+@pytest.mark.parametrize("edit", [
+    {"addresses": 5},
+    {"addresses": [{"not": "an address"}]},
+    {"alloc": ["a", "list"]},
+    {"node": None, "alloc": None},
+])
+def test_a_follower_names_an_event_edited_in_the_log(
+    pg_under_test: StoreUnderTest, edit: dict[str, object]
+) -> None:
+    with Ledger.open(pg_under_test.url) as ledger:
+        ledger.submit_batch([
+            {"type": "node-registered", "node": "n1", "slots": 2},
+            {"type": "heartbeat", "node": "n1"},
+            {"type": "alloc-placed", "alloc": "a1", "node": "n1", "slot": 0,
+             "addresses": ["10.0.0.1"]},
+            {"type": "heartbeat", "node": "n1"},
+        ])
+    attacker = Attacker(pg_under_test)
+    attacker.drop_guards()
+    _, state = attacker.event(3)
+    kept = orjson.loads(state)
+    kept["event"] |= edit
+    attacker.sql(f"UPDATE {attacker.events} SET state = ? WHERE originator_version = 3",
+                 (orjson.dumps(kept),))
+
+    done = run("project", url=pg_under_test.url)
+
+    assert done.returncode != 0
+    lines = done.stderr.decode().strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in lines[0], done.stderr
+    assert "the kept event at position 3 cannot be read" in lines[0], lines[0]
+    assert attacker.sql("SELECT COUNT(*) FROM allocations") == [(0,)]
