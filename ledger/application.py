@@ -58,7 +58,7 @@ class Ledger:
     def __init__(self, store: Store) -> None:
         self.store = store
         self.sql = Statements(store.param, store.state_prefix)
-        self.source = TableSource(self.sql)
+        self.source = TableSource(self.sql, store)
         self.cluster = Cluster(self.source)
         self.projector = Projector(store)
         self.rules = RULES  # what it decides by, and records (``ledger.model.RULES``)

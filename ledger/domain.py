@@ -50,6 +50,14 @@ class StateSource(Protocol):
     def load_live_allocs(self, node: str) -> set[str]: ...
     def load_children(self, node: str) -> set[str]: ...
 
+    @property
+    def loads_many(self) -> bool:
+        """Whether ``load_nodes`` loads many nodes at once (else it does nothing)."""
+
+    def load_nodes(self, cluster: Cluster, nodes: set[str]) -> None:
+        """Load these nodes, their slot tables, live allocations (and those
+        allocations) and children into the cluster's caches, all at once."""
+
 
 class EmptySource:
     """No stored state: the cluster in memory is all there is (replays)."""
@@ -71,6 +79,11 @@ class EmptySource:
 
     def load_children(self, node: str) -> set[str]:
         return set()
+
+    loads_many = False
+
+    def load_nodes(self, cluster: Cluster, nodes: set[str]) -> None:
+        pass
 
 
 @dataclass
@@ -567,6 +580,8 @@ class Cluster:
         """Take down every node whose parent chain includes this one: depth
         first, children by name, each told which parent took it down. A
         stack, not a call per level: a chain may be thousands of nodes deep."""
+        if self.source.loads_many:
+            self._load_below(node.node)
         below = [(name, why) for name in sorted(self.child_nodes(node.node), reverse=True)]
         while below:
             name, why = below.pop()
@@ -579,6 +594,17 @@ class Cluster:
             # (one down already passes the reason on: unless an older ledger let it back)
             below.extend((grandchild, why)
                          for grandchild in sorted(self.child_nodes(name), reverse=True))
+
+    def _load_below(self, name: str) -> None:
+        """Load every node under this one a level at a time, before the walk:
+        one load per node and table made a down of a node with 10,000
+        children take 20 s on PostgreSQL."""
+        seen = {name}
+        level = self.child_nodes(name) - seen
+        while level:
+            seen |= level
+            self.source.load_nodes(self, level)
+            level = {child for parent in level for child in self.child_nodes(parent)} - seen
 
     def _mark_unknown(self, alloc: Allocation, fact: Fact) -> None:
         alloc.client_status = "unknown"

@@ -103,6 +103,7 @@ class PreloadQueries:
 
 
 KNOWN_IDS = "SELECT id, position FROM event_ids WHERE id = ANY(%b::text[])"
+ALLOCS_ONLY = ("allocs", "addresses")  # allocations whose nodes are loaded already
 
 
 class Preload:
@@ -112,8 +113,11 @@ class Preload:
         self.queries: dict[str, PreloadQueries] = {}
         self.node_of: dict[str, str] = {}  # allocation -> its node, for good
 
-    def send(self, cursor: Any, prefix: str, named: Named) -> dict[str, Any]:
-        """Queue the queries (nothing waits yet); return their cursors."""
+    def send(
+        self, cursor: Any, prefix: str, named: Named, only: tuple[str, ...] | None = None
+    ) -> dict[str, Any]:
+        """Queue the queries (``only`` those named; nothing waits yet); return
+        their cursors."""
         queries = self.queries.get(prefix)
         if queries is None:
             queries = self.queries[prefix] = PreloadQueries(prefix)
@@ -126,6 +130,8 @@ class Preload:
         }
         sent = {}
         for key, statement in queries.queries.items() if params["n"] or params["a"] or params["x"] else ():
+            if only is not None and key not in only:
+                continue
             sent[key] = cursor.connection.cursor(row_factory=tuple_row)
             sent[key].execute(statement, params)
         if named.ids:
@@ -134,34 +140,34 @@ class Preload:
         return sent
 
     def fill(self, cluster: Any, named: Named, sent: dict[str, Any]) -> None:
-        if "nodes" not in sent:
-            return  # nothing to load
         rows = {key: c.fetchall() for key, c in sent.items() if key != "ids"}
-        loaded_nodes = {row[0]: node_from(row) for row in rows["nodes"]}
+        if not rows:
+            return  # nothing to load
+        loaded_nodes = {row[0]: node_from(row) for row in rows.get("nodes", ())}
         for name in named.nodes | set(loaded_nodes):
             cluster.nodes.setdefault(name, loaded_nodes.get(name))
         slot_tables: dict[str, list[Slot]] = {name: [] for name in loaded_nodes}
-        for row in rows["slots"]:
+        for row in rows.get("slots", ()):
             slot_tables.setdefault(row[0], []).append(Slot(*row))
         for name, table in slot_tables.items():
             cluster.slot_tables.setdefault(name, table)
         live: dict[str, set[str]] = {name: set() for name in loaded_nodes}
-        for node, alloc in rows["live"]:
+        for node, alloc in rows.get("live", ()):
             live.setdefault(node, set()).add(alloc)
         for name, found in live.items():
             cluster.live.setdefault(name, found)
         children: dict[str, set[str]] = {name: set() for name in loaded_nodes}
-        for parent, node in rows["children"]:
+        for parent, node in rows.get("children", ()):
             children.setdefault(parent, set()).add(node)
         for name, found in children.items():
             cluster.children.setdefault(name, found)
-        loaded_allocs = {row[0]: alloc_from(row) for row in rows["allocs"]}
+        loaded_allocs = {row[0]: alloc_from(row) for row in rows.get("allocs", ())}
         for name in named.allocs:
             cluster.allocs.setdefault(name, loaded_allocs.get(name))
         if len(self.node_of) > NODES_TOO:
             self.node_of.clear()
-        self.node_of.update((row[0], row[1]) for row in rows["allocs"])
-        held = {row[0]: AddressHold(*row) for row in rows["addresses"]}
+        self.node_of.update((row[0], row[1]) for row in rows.get("allocs", ()))
+        held = {row[0]: AddressHold(*row) for row in rows.get("addresses", ())}
         listed = (a for alloc in loaded_allocs.values() for a in alloc.addresses)
         for address in named.addresses.union(listed):
             cluster.addresses.setdefault(address, held.get(address))

@@ -39,7 +39,15 @@ from ledger import postgres_access, postgres_writes
 from ledger.errors import GrantRefused, LockWaitedOut, MadeByNewer, StoreUnavailable, first_few
 from ledger.postgres_handoff import TABLES as HANDOFF_TABLES
 from ledger.postgres_handoff import TRACKING_HELD, Handoff, connection_lost, waited_for_tracking
-from ledger.postgres_preload import KNOWN_IDS, Preload, known_ids, named_by, not_cached
+from ledger.postgres_preload import (
+    ALLOCS_ONLY,
+    KNOWN_IDS,
+    Named,
+    Preload,
+    known_ids,
+    named_by,
+    not_cached,
+)
 from ledger.postgres_writes import LogRecorder
 from ledger.store import (
     LEDGER_STREAM,
@@ -406,6 +414,7 @@ class PostgresStore:
     param = "%s"
     state_prefix = STATE_PREFIX
     overlaps = False  # writers hand batches to a leader, which overlaps its own rounds
+    loads_many = True  # a load is a round trip: a cascade loads its nodes a level at a time
 
     def __init__(
         self, url: str, parts: SplitResult, options: dict[str, str], create: bool = True
@@ -855,6 +864,19 @@ class PostgresStore:
         if ids:
             self._local.ids = (named.ids, sent)
         self._preload.fill(cluster, named, sent)
+
+    def load_nodes(
+        self, cursor: Any, statements: Statements, cluster: Any, nodes: set[str]
+    ) -> None:
+        """Nodes with their slot tables, live allocations and children, then
+        those allocations with their addresses: two round trips."""
+        named = not_cached(cluster, Named(set(nodes), set(), set(), []))
+        self._preload.fill(cluster, named, self._preload.send(cursor, statements.prefix, named))
+        allocs = {a for n in nodes for a in cluster.live.get(n, ())} - cluster.allocs.keys()
+        if allocs:
+            named = Named(set(), allocs, set(), [])
+            sent = self._preload.send(cursor, statements.prefix, named, ALLOCS_ONLY)
+            self._preload.fill(cluster, named, sent)
 
     def head(self, cursor: Any) -> int:
         """The last position, read together with its chain hash (the next append

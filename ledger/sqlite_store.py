@@ -222,6 +222,7 @@ class SQLiteStore:
     state_prefix = ""  # decisions read the projection tables themselves
     projects_inline = True
     overlaps = True  # a file (never in memory): a reader reads while the writer thread writes
+    loads_many = False  # a load is a call in this process, not a round trip
 
     def __init__(self, url: str, path: str, options: dict[str, str], create: bool = True) -> None:
         self.url = url
@@ -472,6 +473,9 @@ class SQLiteStore:
                 yield cursor.sqlite_cursor
         except (sqlite3.Error, PersistenceError) as error:  # the cause kept: see _busy
             raise StoreUnavailable(f"store {self.url}: {describe(error, self.path)}") from error
+
+    def load_nodes(self, cursor: Any, sql: Any, cluster: Any, nodes: set[str]) -> None:
+        pass  # never called (``loads_many``): the cluster loads them one by one
 
     def preload(
         self, cursor: Any, sql: Any, cluster: Any, batch: list[dict[str, Any]], ids: bool = True

@@ -88,6 +88,7 @@ class Store(Protocol):
     state_prefix: str  # tables the writer decides against ("" = the projection tables)
     projects_inline: bool  # whether writers also keep the projection tables
     overlaps: bool  # whether ``submit_batches`` decides a batch while the last one commits
+    loads_many: bool  # whether ``load_nodes`` saves round trips (else it is never called)
 
     @property
     def lock_wait(self) -> float:
@@ -130,6 +131,10 @@ class Store(Protocol):
         """Load what a batch names into the cluster's caches, where a load costs
         a round trip (the domain would otherwise load entities one by one);
         ``ids``: and which of its client ids are known (``known_ids``)."""
+
+    def load_nodes(self, cursor: Any, sql: Any, cluster: Any, nodes: set[str]) -> None:
+        """Load nodes with their slot tables, live allocations (and those
+        allocations) and children into the cluster's caches, all at once."""
 
     def head(self, cursor: Any) -> int:
         """The position of the last event in the log (0 when empty)."""

@@ -29,7 +29,7 @@ class Projector:
     def __init__(self, store: Store, prefix: str = "") -> None:
         self.store = store
         self.sql = Statements(store.param, prefix)
-        self.source = TableSource(self.sql)
+        self.source = TableSource(self.sql, store)
         self.cluster = Cluster(self.source)
 
     def update(self, limit: int | None = None, waits: float | None = None) -> tuple[int, int]:

@@ -8,12 +8,15 @@ transaction, one ``executemany`` per table.
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import orjson
 
-from ledger.domain import Changes
+from ledger.domain import Changes, Cluster
 from ledger.model import AddressHold, Allocation, Node, Slot
+
+if TYPE_CHECKING:
+    from ledger.store import Store
 
 NODE_COLUMNS = (
     "node, status, health, parent, slots, slots_used, allocs, reason, since_position, "
@@ -142,9 +145,19 @@ class Statements:
 class TableSource:
     """Loads entities from the projection tables through the current cursor."""
 
-    def __init__(self, statements: Statements) -> None:
+    def __init__(self, statements: Statements, store: Store | None = None) -> None:
         self.sql = statements
         self.cursor: Any = None
+        self.store = store if store is not None and store.loads_many else None
+
+    @property
+    def loads_many(self) -> bool:
+        return self.store is not None
+
+    def load_nodes(self, cluster: Cluster, nodes: set[str]) -> None:
+        """Many nodes at once, where the store can (``Store.load_nodes``)."""
+        if self.store is not None:
+            self.store.load_nodes(self.cursor, self.sql, cluster, nodes)
 
     def _one(self, statement: str, key: str) -> Any:
         self.cursor.execute(statement, (key,))
