@@ -149,6 +149,8 @@ class LedgerGroup(CommandGroup):
             if error.errno in STDOUT_FAILURES:  # click's own text (a command's --help)
                 raise output_lost(error) from None
             raise _internal(error) from None
+        except MemoryError:  # where Python says so: a library may crash instead (SIGSEGV)
+            raise click.ClickException(OUT_OF_MEMORY) from None
         except Exception as error:  # noqa: BLE001 - never a traceback for users
             raise _internal(error) from None
 
@@ -178,6 +180,9 @@ def _first_word(args: list[str]) -> int:
 # What writing to stdout fails with (what else the commands write is the
 # store, whose errors are the database driver's, not OSError).
 STDOUT_FAILURES = (errno.EPIPE, errno.ENOSPC, errno.EFBIG, errno.EDQUOT)
+
+
+OUT_OF_MEMORY = "out of memory"
 
 
 def _internal(error: Exception) -> click.ClickException:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import itertools
 import json
 import os
 import select
@@ -16,9 +15,10 @@ from typing import IO, Any
 
 import click
 
-from commands.cli import STORE_GOES_FIRST, store_of
+from commands.cli import OUT_OF_MEMORY, STORE_GOES_FIRST, store_of
 from commands.console import Held, Interrupted, Signalled, signal_of
 from commands.output import ClosedStream, json_text, write
+from ledger import batches as batching
 from ledger.application import Ledger, Receipt
 from ledger.errors import InvalidEvent, LedgerError, StoreUnavailable
 from ledger.events import EVENT_TYPES, TYPES_NAMED, fields_of, from_flags
@@ -57,7 +57,8 @@ class SubmitCommand(click.Command):
 @click.option("--quiet", is_flag=True, help="Print only a summary, not one line per event.")
 @click.option(
     "--batch", default=BATCH, show_default=True, type=click.IntRange(1, 100_000),
-    help="Most events committed in one transaction.",
+    help=f"Most events committed in one transaction (fewer once their lines reach "
+         f"{batching.BATCH_BYTES >> 20} MiB).",
 )
 @click.pass_context
 def submit(ctx: click.Context, source: str, quiet: bool, batch: int) -> None:
@@ -226,8 +227,7 @@ def _stream(
     this waits for input."""
     descriptor = _pipe(stream)
     if descriptor is None:  # a file, or a stream in memory, never makes us wait: full batches
-        numbered = _lines(stream)
-        batches = iter(lambda: list(itertools.islice(numbered, batch)), [])
+        batches = batching.batched(_lines(stream), batch, _size)
         yield from _decide_all(ledger, batches, held)
         return
     arrivals = Arrivals(descriptor)
@@ -235,6 +235,12 @@ def _stream(
         with held.holding():
             decided = _decide(ledger, pending)
         yield decided
+
+
+def _size(numbered: tuple[int, Any]) -> int:
+    """The bytes a numbered line holds (none for one too long, never held)."""
+    line = numbered[1]
+    return 0 if line is TOO_LONG else len(line)
 
 
 def _then_closed(
@@ -256,17 +262,22 @@ class Arrivals:
     def __init__(self, descriptor: int) -> None:
         self.descriptor = descriptor
         self.ready: list[tuple[int, Any]] = []
+        self.ready_bytes = 0  # the bytes of the lines ready
         self.partial = b""
         self.skipping = False  # inside an over-long line, already flagged
         self.number = 0
         self.ended = False
 
     def take(self, most: int) -> list[tuple[int, Any]]:
-        while len(self.ready) < most and not self.ended:
+        """The next batch: at most ``most`` lines, ending once they reach
+        ``ledger.batches.BATCH_BYTES``, as a file's batches do."""
+        while len(self.ready) < most and self.ready_bytes < batching.BATCH_BYTES and not self.ended:
             if self.ready and not select.select([self.descriptor], [], [], 0)[0]:
                 break  # something to commit and nothing more waiting
             self._split(os.read(self.descriptor, READ))
-        taken, self.ready = self.ready[:most], self.ready[most:]
+        taken = next(batching.batched(self.ready, most, _size), [])
+        self.ready = self.ready[len(taken):]
+        self.ready_bytes -= sum(map(_size, taken))
         return taken
 
     def _split(self, chunk: bytes) -> None:
@@ -295,7 +306,9 @@ class Arrivals:
         if len(line) > MAX_LINE:
             self.ready.append((self.number, TOO_LONG))
         elif (line := _without_bom(self.number, line)).strip():
-            self.ready.append((self.number, line + end))
+            line += end
+            self.ready.append((self.number, line))
+            self.ready_bytes += len(line)
 
 
 def _pipe(stream: IO[bytes]) -> int | None:
@@ -314,7 +327,7 @@ TOO_LONG_RECEIPT = Receipt("invalid", error=f"line is longer than {MAX_LINE} byt
 
 
 def _decide(ledger: Ledger, pending: list[tuple[int, Any]]) -> list[tuple[int, Receipt]]:
-    return _paired(pending, ledger.submit_batch(_submitted(pending)))
+    return _paired(_numbers(pending), ledger.submit_batch(_submitted(pending)))
 
 
 def _submitted(pending: list[tuple[int, Any]]) -> list[Any]:
@@ -322,10 +335,16 @@ def _submitted(pending: list[tuple[int, Any]]) -> list[Any]:
     return [line for _, line in pending if line is not TOO_LONG]
 
 
-def _paired(pending: list[tuple[int, Any]], receipts: list[Receipt]) -> list[tuple[int, Receipt]]:
+def _numbers(pending: list[tuple[int, Any]]) -> list[tuple[int, bool]]:
+    """The numbers of a batch's lines, each with whether it was too long:
+    what pairs them with their receipts, without holding the lines."""
+    return [(n, line is TOO_LONG) for n, line in pending]
+
+
+def _paired(numbers: list[tuple[int, bool]], receipts: list[Receipt]) -> list[tuple[int, Receipt]]:
     """Each numbered line with its receipt (``receipts``: those of ``_submitted``)."""
     decided = iter(receipts)
-    return [(n, TOO_LONG_RECEIPT if line is TOO_LONG else next(decided)) for n, line in pending]
+    return [(n, TOO_LONG_RECEIPT if too_long else next(decided)) for n, too_long in numbers]
 
 
 def _decide_all(
@@ -333,15 +352,16 @@ def _decide_all(
 ) -> Iterator[list[tuple[int, Receipt]]]:
     """``_decide`` each batch in turn, through ``Ledger.submit_batches`` (which
     may decide one batch while the last commits: the batches are all there).
-    Between two results a batch is with the store: a signal waits (``held``)."""
-    taken: deque[list[tuple[int, Any]]] = deque()
+    Between two results a batch is with the store: a signal waits (``held``).
+    Only the numbers of the lines wait for their receipts: the lines go once
+    they are parsed (``map`` holds none of them)."""
+    taken: deque[list[tuple[int, bool]]] = deque()
 
-    def lines() -> Iterator[list[Any]]:
-        for pending in batches:
-            taken.append(pending)
-            yield _submitted(pending)
+    def handed(pending: list[tuple[int, Any]]) -> list[Any]:
+        taken.append(_numbers(pending))
+        return _submitted(pending)
 
-    decided = ledger.submit_batches(lines())
+    decided = ledger.submit_batches(map(handed, batches))
     while True:
         with held.holding():
             receipts = next(decided, None)
@@ -404,6 +424,11 @@ def _print(
             raise  # at the first batch: the store's own words say what became of it
         failed = StoreUnavailable if isinstance(error, StoreUnavailable) else LedgerError
         raise failed(f"{error}; {_kept_until(*done)}") from None
+    except MemoryError:  # where Python says so (a library may crash instead: SIGSEGV)
+        _clear(progress)
+        raise click.ClickException(
+            f"{OUT_OF_MEMORY} (a batch holds up to --batch events, several times over while "
+            f"it is decided: a smaller --batch holds fewer); {_kept_until(*done)}") from None
     _clear(progress)
     return done[0]
 

@@ -7,7 +7,6 @@ so a reported append is durable and nothing is ever half-written.
 
 from __future__ import annotations
 
-import itertools
 import threading
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
@@ -15,6 +14,7 @@ from datetime import UTC, datetime
 from typing import Any, Self
 
 from ledger import events, pipeline, retries
+from ledger.batches import batched, input_size
 from ledger.chain import GENESIS, link
 from ledger.collection import fewer_collections
 from ledger.domain import AlreadyPlaced, Cluster, touched_by
@@ -96,10 +96,10 @@ class Ledger:
         return self.submit_batch([event])[0]
 
     def submit_many(self, stream: Iterable[Submission], batch: int = 1000) -> Iterator[Receipt]:
-        """Submit a stream in batches; yield each receipt once its batch is durable."""
-        items = iter(stream)
-        batches = iter(lambda: list(itertools.islice(items, batch)), [])
-        for receipts in self.submit_batches(batches):
+        """Submit a stream in batches of at most ``batch`` events, each ending
+        sooner once its text reaches ``ledger.batches.BATCH_BYTES``; yield each
+        receipt once its batch is durable."""
+        for receipts in self.submit_batches(batched(stream, batch, input_size)):
             yield from receipts
 
     def submit_batches(self, batches: Iterable[list[Submission]]) -> Iterator[list[Receipt]]:
@@ -116,9 +116,14 @@ class Ledger:
     @fewer_collections()
     def submit_batch(self, items: list[Submission]) -> list[Receipt]:
         """Validate, decide and append a batch in one transaction."""
-        parsed: list[Event | Receipt] = [self.parse(i) for i in items]
+        parsed = self.parse_all(items)
         valid = valid_of(parsed)
         return answered(parsed, self.store.decide(valid, self) if valid else [])
+
+    @classmethod
+    def parse_all(cls, items: list[Submission]) -> list[Event | Receipt]:
+        """``parse`` each item of a batch."""
+        return [cls.parse(item) for item in items]
 
     @staticmethod
     def parse(item: Submission) -> Event | Receipt:

@@ -89,8 +89,8 @@ def overlapped(ledger: Ledger, batches: Iterable[list[Any]]) -> Iterator[list[Re
             flying: InFlight | None = None
             reporting: InFlight | None = None  # handed to the writer, its receipts not yielded
             try:
-                for items in batches:
-                    parsed = [ledger.parse(item) for item in items]
+                # Through ``map``, no name holds a batch's lines once they are parsed.
+                for parsed in map(ledger.parse_all, batches):
                     valid = valid_of(parsed)
                     ahead = None
                     if valid and flying is not None:
