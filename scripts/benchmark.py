@@ -28,7 +28,10 @@ Sections (one table):
      2 x nodes events, then 10,000 events, 1,000 with --small);
   4. one-shot CLI vs ``python -c pass``; no psycopg for a SQLite store;
   5. an as-of query at N/2, twice;
-  6. peak RSS of the ingest and of the replay.
+  6. peak RSS of the ingest and of the replay, and of a submit of 1 MiB
+     lines (heartbeats with some 43,000 slot reports each, rejected and
+     kept in the rejection log): bounded by a batch's 16 MiB of input
+     (``ledger.batches``), not by how many lines there are.
 
 The benchmark reports, it does not gate on speed: it exits 0 whatever the
 figures, 1 when something crashed (a figure could not be measured) and,
@@ -75,6 +78,9 @@ GOAL_REPLAY_RATIO = 0.3
 GOAL_QUERY_RATIO = 2.0
 GOAL_SUBMIT_RATIO = 1.5
 GOAL_RSS_MB = 300
+LONG_LINES = 100  # 1 MiB lines of the long-line submit (with --small: 20)
+LONG_LINES_DB = "long-lines.db"
+GOAL_LONG_LINES_RSS_MB = 1000  # 2 batches of 16 MiB of them; unbounded, 100 lines took 1.6 GB
 
 # Subprocesses import this checkout even where it is not installed editable;
 # ALLOC_LEDGER_STORE is dropped so every command uses the store it is given.
@@ -930,6 +936,32 @@ print(json.dumps({"code": code if isinstance(code, int) else None, "loaded": loa
         if as_of:
             self.report.add(section, "  peak RSS: as-of query at N/2", f"{as_of['rss_mb']:.0f} MB")
 
+    def memory_long_lines(self) -> None:
+        """Peak RSS of ``submit`` of 1 MiB lines: a heartbeat whose slot report
+        lists some 43,000 slots (rejected: the node has 1; kept, event and all,
+        in the rejection log), the most a line holds once parsed."""
+        lines = 20 if self.args.small else LONG_LINES
+        path = self.workdir / "long-lines.jsonl"
+        entry = '{"slot": 0, "alloc": null}, '
+        report = (entry * ((1 << 20) // len(entry) - 4)).rstrip(", ")
+        with open(path, "w", encoding="utf-8") as out:
+            out.write('{"type": "node-registered", "node": "n1", "slots": 1}\n')
+            heartbeat = f'{{"type": "heartbeat", "node": "n1", "slots": [{report}]}}\n'
+            out.writelines([heartbeat] * lines)
+        url = f"sqlite:///{self.workdir / LONG_LINES_DB}"
+        self.log(f"memory: alloc-ledger submit of {lines} lines of 1 MiB")
+        done = self.cli("submit", str(path), "--quiet", store=url)
+        path.unlink()
+        counts = self._summary(done)
+        if counts is None or counts.get("rejected") != lines:
+            self.report.error("6", "long-line submit", done.failure())
+            return
+        self.report.add(
+            "6", f"peak RSS: submit of {lines} lines of 1 MiB", f"{done.rss_mb:.0f} MB",
+            "", "", f"< {GOAL_LONG_LINES_RSS_MB} MB",
+            verdict(done.rss_mb < GOAL_LONG_LINES_RSS_MB))
+        self.figures["long_lines_rss_mb"] = done.rss_mb
+
     def memory_replay_cli(self) -> None:
         replay_cli = self.figures.get("replay_cli", {})
         if "rss_mb" in replay_cli:
@@ -961,6 +993,7 @@ print(json.dumps({"code": code if isinstance(code, int) else None, "loaded": loa
         if ingested:
             self.step("as-of", self.as_of)
         self.step("memory", self.memory)
+        self.step("long lines", self.memory_long_lines)
         if ingested and self.args.replay_cli != "no":
             self.step("replay cli", self.replay_cli)
             self.step("memory", self.memory_replay_cli)
@@ -1029,7 +1062,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.workdir is not None:
         workdir = args.workdir.resolve()
         workdir.mkdir(parents=True, exist_ok=True)
-        for name in ("ledger-big.db", "ledger-small.db", "raw.db"):  # ours only
+        for name in ("ledger-big.db", "ledger-small.db", "raw.db", LONG_LINES_DB):  # ours only
             for suffix in ("", "-wal", "-shm", "-journal"):
                 (workdir / f"{name}{suffix}").unlink(missing_ok=True)
         cleanup = False
