@@ -13,7 +13,8 @@ import json
 import os
 import re
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from itertools import chain
 from typing import Any
 
 import click
@@ -117,6 +118,45 @@ def echo(text: str = "") -> None:
     write(text + "\n")
 
 
+CHUNK = 1 << 16  # characters written at once when an output comes in pieces
+
+
+def write_pieces(pieces: Iterable[str]) -> None:
+    """``write`` an output made as it is printed, about ``CHUNK`` at a time:
+    what is read for it is printed before the rest is read."""
+    held: list[str] = []
+    size = 0
+    for piece in pieces:
+        held.append(piece)
+        size += len(piece)
+        if size >= CHUNK:
+            write("".join(held))
+            held, size = [], 0
+    if held:
+        write("".join(held))
+
+
+class Rows:
+    """Rows too many to hold (a long history): printed as they are read.
+    ``read()`` gives them from the first each time: a table reads them
+    twice, its widths first."""
+
+    def __init__(self, read: Callable[[], Iterator[dict[str, Any]]]) -> None:
+        self._read = read
+        self._begun: Iterator[dict[str, Any]] | None = None
+
+    def peek(self) -> dict[str, Any] | None:
+        """The first row (None: there are none); the next reading starts with it."""
+        begun = self._read()
+        first = next(begun, None)
+        self._begun = begun if first is None else chain([first], begun)
+        return first
+
+    def __iter__(self) -> Iterator[dict[str, Any]]:
+        begun, self._begun = self._begun, None
+        return begun if begun is not None else self._read()
+
+
 def _discard_stdout() -> None:
     try:
         nowhere = os.open(os.devnull, os.O_WRONLY)
@@ -196,51 +236,153 @@ def _csv_cell(value: Any) -> str:
 def table(rows: Sequence[dict[str, Any]], columns: Sequence[str]) -> str:
     cells = [[printable(_cell(row.get(c))) for c in columns] for row in rows]
     widths = [max([len(c)] + [len(r[i]) for r in cells]) for i, c in enumerate(columns)]
-    lines = ["  ".join(c.ljust(w) for c, w in zip(columns, widths, strict=True)).rstrip()]
-    lines += ["  ".join(v.ljust(w) for v, w in zip(r, widths, strict=True)).rstrip() for r in cells]
-    return "\n".join(lines)
+    return "\n".join([_line(columns, widths)] + [_line(r, widths) for r in cells])
 
 
-def _csv(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
+def _line(cells: Sequence[str], widths: Sequence[int]) -> str:
+    return "  ".join(v.ljust(w) for v, w in zip(cells, widths, strict=True)).rstrip()
+
+
+def _read_table(rows: Rows, columns: Sequence[str] | None) -> Iterator[str] | None:
+    """The lines of a table of ``rows`` (``columns``: those of the first
+    row), read twice: for the widths, then as printed. The last column is
+    not padded, so its cells are not measured. None if there are no rows."""
+    shown: list[str] = []
+    widths: list[int] = []
+    for row in rows:
+        if not shown:
+            shown = list(columns or row)
+            widths = [len(c) for c in shown[:-1]] + [0]
+        for i, c in enumerate(shown[:-1]):
+            widths[i] = max(widths[i], len(printable(_cell(row.get(c)))))
+    if not shown:
+        return None
+
+    def lines() -> Iterator[str]:
+        yield _line(shown, widths) + "\n"
+        for row in rows:
+            yield _line([printable(_cell(row.get(c))) for c in shown], widths) + "\n"
+
+    return lines()
+
+
+def _csv_row(cells: Sequence[str]) -> str:
     text = io.StringIO()
-    writer = csv.writer(text, lineterminator="\n")
-    writer.writerow(header)
-    writer.writerows(rows)
+    csv.writer(text, lineterminator="\n").writerow(cells)
     return text.getvalue()
 
 
-def emit(rows: Sequence[dict[str, Any]], columns: Sequence[str], fmt: str | None) -> None:
-    """Print rows in the chosen format, columns in the given order."""
-    fmt = chosen(fmt)
-    ordered = [{c: row.get(c) for c in columns} | row for row in rows]
-    if fmt == "json":
-        echo(json_text(ordered, indent=2))
-    elif fmt == "jsonl":
-        write("".join(json_text(row) + "\n" for row in ordered))
-    elif fmt == "csv":
-        write(_csv(columns, [[_csv_cell(row.get(c)) for c in columns] for row in ordered]))
-    elif not rows:
-        echo("(none)")
+def _csv(header: Sequence[str], rows: Iterable[Sequence[str]]) -> Iterator[str]:
+    yield _csv_row(header)
+    yield from map(_csv_row, rows)
+
+
+def _csv_rows_cell(rows: Rows) -> Iterator[str]:
+    """``_csv_cell`` of rows, as CSV writes that cell (quoted unless
+    ``[]``), made as they are read."""
+    first = True
+    for row in rows:
+        yield '"[' if first else ","
+        first = False
+        yield json.dumps(row, separators=(",", ":"), ensure_ascii=False).replace('"', '""')
+    yield "[]" if first else ']"'
+
+
+def _json_pieces(value: Any, indent: int | None, level: int = 0) -> Iterator[str]:
+    """``json_text(value, indent)`` nested ``level`` deep, in pieces: Rows
+    (in a dict too) read as they are written."""
+    if isinstance(value, Rows):
+        yield from _json_list(value, indent, level)
+    elif isinstance(value, dict) and any(isinstance(v, Rows) for v in value.values()):
+        yield from _json_list(value.items(), indent, level, pairs=True)
     else:
-        echo(table(ordered, columns))
+        text = json_text(value, indent)
+        yield text.replace("\n", "\n" + " " * (indent * level)) if indent and level else text
+
+
+def _json_list(
+    items: Iterable[Any], indent: int | None, level: int, pairs: bool = False
+) -> Iterator[str]:
+    """A JSON array of ``items``, or an object of their (key, value)
+    ``pairs``, as ``json.dumps`` spaces them."""
+    opening, closing = "{}" if pairs else "[]"
+    if indent is None:
+        start, between, end = opening, ", ", closing
+    else:
+        inner = "\n" + " " * (indent * (level + 1))
+        start, between = opening + inner, "," + inner
+        end = "\n" + " " * (indent * level) + closing
+    first = True
+    for item in items:
+        yield start if first else between
+        first = False
+        if pairs:
+            key, item = item
+            yield json_text(key) + ": "
+        yield from _json_pieces(item, indent, level + 1)
+    yield opening + closing if first else end
+
+
+def emit(rows: Iterable[dict[str, Any]], columns: Sequence[str], fmt: str | None) -> None:
+    """Print rows in the chosen format, columns in the given order; Rows
+    are printed as they are read."""
+    fmt = chosen(fmt)
+    if fmt == "table":
+        _emit_table(rows, columns)
+        return
+    ordered = ({c: row.get(c) for c in columns} | row for row in rows)
+    if fmt == "json":
+        write_pieces(chain(_json_list(ordered, 2, 0), ["\n"]))
+    elif fmt == "jsonl":
+        write_pieces(json_text(row) + "\n" for row in ordered)
+    elif fmt == "csv":
+        write_pieces(_csv(columns, ([_csv_cell(row.get(c)) for c in columns] for row in ordered)))
+
+
+def _emit_table(rows: Iterable[dict[str, Any]], columns: Sequence[str]) -> None:
+    if isinstance(rows, Rows):
+        lines = _read_table(rows, columns)
+        write_pieces(["(none)\n"] if lines is None else lines)
+    else:
+        held = list(rows)
+        echo(table(held, columns) if held else "(none)")
 
 
 def emit_object(obj: dict[str, Any], fmt: str | None) -> None:
-    """Print one object: JSON as an object, a table as field/value lines."""
+    """Print one object: JSON as an object, a table as field/value lines;
+    a value of Rows is printed as they are read."""
     fmt = chosen(fmt)
     if fmt == "json":
-        echo(json_text(obj, indent=2))
+        write_pieces(chain(_json_pieces(obj, 2), ["\n"]))
     elif fmt == "jsonl":
-        echo(json_text(obj))
+        write_pieces(chain(_json_pieces(obj, None), ["\n"]))
     elif fmt == "csv":
-        write(_csv(("field", "value"), [[key, _csv_cell(value)] for key, value in obj.items()]))
+        write_pieces(_csv_object(obj))
     else:
-        scalars = [{"field": k, "value": v} for k, v in obj.items() if not _is_rows(v)]
+        # Rows that turn out to be none are a field without a value, as an empty list is.
+        empty = {k for k, v in obj.items() if isinstance(v, Rows) and v.peek() is None}
+        scalars = [{"field": k, "value": [] if k in empty else v}
+                   for k, v in obj.items() if k in empty or not _is_rows(v)]
         echo(table(scalars, ("field", "value")))
         for key, value in obj.items():
-            if _is_rows(value) and value:
+            if key in empty or not _is_rows(value):
+                continue
+            if isinstance(value, Rows):
+                write_pieces(chain([f"\n{key}:\n"], _read_table(value, None) or ()))
+            else:
                 echo(f"\n{key}:")
                 echo(table(value, list(value[0].keys())))
+
+
+def _csv_object(obj: dict[str, Any]) -> Iterator[str]:
+    yield _csv_row(("field", "value"))
+    for key, value in obj.items():
+        if isinstance(value, Rows):
+            yield _csv_row([key, ""])[:-1]  # the key, and the comma before its value
+            yield from _csv_rows_cell(value)
+            yield "\n"
+        else:
+            yield _csv_row([key, _csv_cell(value)])
 
 
 def line(obj: dict[str, Any]) -> None:
@@ -250,4 +392,5 @@ def line(obj: dict[str, Any]) -> None:
 
 
 def _is_rows(value: Any) -> bool:
-    return isinstance(value, list) and bool(value) and isinstance(value[0], dict)
+    return isinstance(value, Rows) or (
+        isinstance(value, list) and bool(value) and isinstance(value[0], dict))

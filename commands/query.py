@@ -10,7 +10,7 @@ from typing import Any, NamedTuple
 import click
 
 from commands.cli import CommandGroup, opened
-from commands.output import emit, emit_object, format_option
+from commands.output import Rows, emit, emit_object, format_option
 from ledger.errors import counted
 from ledger.model import LIVE, TERMINAL, timestamp
 from ledger.store import Store
@@ -202,12 +202,14 @@ def alloc(ctx: click.Context, as_of: str | None, fmt: str | None, alloc_id: str)
         found = q.alloc(alloc_id)
     with opened(ctx) as store:
         history = history_of(store, alloc_id, position)
-    if found is None:
-        when = "" if position is None else f" at position {position}"
-        also = (f" (events name it: alloc-ledger query history {alloc_id})" if history.rows else "")
-        raise click.ClickException(f"allocation {alloc_id} is not in the ledger{when}{also}")
-    found["history"] = history.rows
-    emit_object(found, fmt)
+        rows = Rows(history.rows)  # read from the log as they are printed
+        if found is None:
+            when = "" if position is None else f" at position {position}"
+            also = (f" (events name it: alloc-ledger query history {alloc_id})"
+                    if rows.peek() is not None else "")
+            raise click.ClickException(f"allocation {alloc_id} is not in the ledger{when}{also}")
+        found["history"] = rows
+        emit_object(found, fmt)
     history.check_whole()  # after the answer, as a failed check's report comes first
 
 
@@ -251,10 +253,11 @@ def history(ctx: click.Context, as_of: str | None, fmt: str | None, entity: str)
             _within_the_log(store, point)
             upto = point.position if point.at is None else rebuild(store, point)[1]
         found = history_of(store, entity, upto)
-    if not found.rows and found.whole:  # a mistyped name must not read as a quiet history
-        when = "" if upto is None else f" at position {upto}"
-        raise click.ClickException(f"no event or rejection names {entity}{when}")
-    emit(found.rows, COLUMNS["history"], fmt)
+        rows = Rows(found.rows)  # read from the log as they are printed
+        if rows.peek() is None and found.whole:  # a mistyped name must not read as a quiet history
+            when = "" if upto is None else f" at position {upto}"
+            raise click.ClickException(f"no event or rejection names {entity}{when}")
+        emit(rows, COLUMNS["history"], fmt)
     found.check_whole()  # what it lacks, after what it found (exit 1, as a failed check)
 
 

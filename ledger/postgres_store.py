@@ -977,15 +977,16 @@ class PostgresStore:
         except (psycopg.Error, PersistenceError) as error:
             raise StoreUnavailable(f"store {self.shown}: {describe(error)}") from None
 
-    def search_log(self, cursor: Any, needle: str, upto: int | None) -> list[LoggedEvent]:
+    def search_log(
+        self, cursor: Any, needle: str, after: int, upto: int, limit: int
+    ) -> list[tuple[int, int]]:
         cursor.execute(
-            "SELECT originator_version, topic, COALESCE(state, ''::bytea) FROM stored_events "
-            "WHERE originator_id = %s AND originator_version >= 1 "  # a row inserted before 1: not the log's
-            + ("" if upto is None else f"AND originator_version <= {int(upto)} ")
-            + "AND position(%s::bytea IN state) > 0 ORDER BY originator_version",
-            (self.stream, needle.encode()),
+            "SELECT originator_version, octet_length(state) FROM stored_events "
+            "WHERE originator_id = %s AND originator_version > %s AND originator_version <= %s "
+            "AND position(%s::bytea IN state) > 0 ORDER BY originator_version LIMIT %s",
+            (self.stream, max(after, 0), upto, needle.encode(), limit),  # (before 1: not the log's)
         )
-        return [logged((row[0], row[1], bytes(row[2]))) for row in cursor.fetchall()]
+        return [(row[0], row[1]) for row in cursor.fetchall()]
 
     # -- following and reporting (PostgreSQL only) ----------------------------
 

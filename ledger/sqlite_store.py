@@ -583,15 +583,16 @@ class SQLiteStore:
                 return
             after = page[-1][0]
 
-    def search_log(self, cursor: Any, needle: str, upto: int | None) -> list[LoggedEvent]:
+    def search_log(
+        self, cursor: Any, needle: str, after: int, upto: int, limit: int
+    ) -> list[tuple[int, int]]:
         cursor.execute(
-            "SELECT originator_version, topic, COALESCE(CAST(state AS BLOB), x'') FROM stored_events "
-            "WHERE originator_id = ? AND originator_version >= 1 "  # a row inserted before 1: not the log's
-            + ("" if upto is None else f"AND originator_version <= {int(upto)} ")
-            + "AND instr(CAST(state AS BLOB), ?) > 0 ORDER BY originator_version",
-            (self.stream, needle.encode()),
+            "SELECT originator_version, length(CAST(state AS BLOB)) FROM stored_events "
+            "WHERE originator_id = ? AND originator_version > ? AND originator_version <= ? "
+            "AND instr(CAST(state AS BLOB), ?) > 0 ORDER BY originator_version LIMIT ?",
+            (self.stream, max(after, 0), upto, needle.encode(), limit),  # (before 1: not the log's)
         )
-        return [logged((row[0], row[1], bytes(row[2]))) for row in cursor.fetchall()]
+        return [(row[0], row[1]) for row in cursor.fetchall()]
 
     def close(self) -> None:
         self.datastore.close()

@@ -185,9 +185,13 @@ class Store(Protocol):
     def read_log(self, after: int, upto: int | None = None) -> Iterator[LoggedEvent]:
         """Stored events after a position, in order, read page by page."""
 
-    def search_log(self, cursor: Any, needle: str, upto: int | None) -> list[LoggedEvent]:
-        """The events from position 1 (to ``upto``) whose stored form
-        contains a text (for ``history``), in order."""
+    def search_log(
+        self, cursor: Any, needle: str, after: int, upto: int, limit: int
+    ) -> list[tuple[int, int]]:
+        """The first ``limit`` events after position ``after`` (to ``upto``)
+        whose stored form contains a text (for ``history``), in order: each
+        as its position and its stored size in bytes, to be read with
+        ``kept_at`` a few at a time."""
 
     def close(self) -> None: ...
 

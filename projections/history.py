@@ -2,41 +2,121 @@
 
 A history is a search, not a replay: the database reads the log for the
 kept events whose stored JSON holds the name, and only those are read
-here; and counts, in the log's index, the positions it holds. So it also
-says what it could not list: positions missing from the log in the range
-it searched (deleted), and kept events its search found that cannot be read.
+here, a few at a time, as the rows are printed; and counts, in the log's
+index, the positions it holds. So it also says what it could not list:
+positions missing from the log in the range it searched (deleted), and kept
+events its search found that cannot be read.
 """
 
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
 from ledger.domain import touched_by
 from ledger.errors import HistoryIncomplete, Unreadable
 from ledger.records import Record, read
-from ledger.store import Store
+from ledger.store import LoggedEvent, Store
+
+# A history reads the log a page of positions found at a time, and the
+# events found a few at a time: never all of a long history at once.
+PAGE = 1000  # positions of events found, per search of the log
+READ_BYTES = 4 << 20  # kept events read at once: about this many bytes (one at least)
 
 
 @dataclass(slots=True)
 class History:
-    """What a search of the log found about one entity."""
+    """A search of the log for one entity, up to position ``end``. Its rows
+    are read as they are used (``rows``): a history as long as the log is
+    never held whole. What the log could not give of them (``missing``,
+    ``unreadable``) is known once they have been read to their end."""
 
+    store: Store
     entity: str
     upto: int | None  # the point of history asked for (None: the head)
-    rows: list[dict[str, Any]] = field(default_factory=list)
+    needle: str  # what the stored JSON of every event found holds
+    end: int  # the last position searched
     missing: list[tuple[int, int]] = field(default_factory=list)  # (first, last) positions
     unreadable: list[Unreadable] = field(default_factory=list)
+    read: bool = False  # the rows were read to their end: missing and unreadable are known
+
+    def rows(self) -> Iterator[dict[str, Any]]:
+        """The history's rows in log order, read from the log as they are
+        taken (each call reads them again)."""
+        unreadable: list[Unreadable] = []
+        self.unreadable, self.read = unreadable, False
+        for stored in self._found():
+            try:
+                record = read(stored)
+            except Unreadable as error:  # it may name the entity: the search found it
+                unreadable.append(error)
+                continue
+            named = set(touched_by(record.event)) | set(record.touches)
+            if self.entity in named or self.entity in slots_created(record):
+                yield row_of(record)
+        # Counted after the events were read: a position deleted while they
+        # were is missing from what was listed too.
+        with self.store.reading() as cursor:
+            gone = held(self.store, cursor, self.end) < self.end
+            self.missing = missing_positions(self.store, cursor, self.end) if gone else []
+        self.read = True
+
+    def _found(self) -> Iterator[LoggedEvent]:
+        """The kept events whose stored JSON holds the needle, in order: a
+        page of their positions per search, then a few events per read, each
+        in a read transaction of its own (none is held while they are used)."""
+        after = 0
+        while True:
+            with self.store.reading() as cursor:
+                page = self.store.search_log(cursor, self.needle, after, self.end, PAGE)
+            for positions in by_size(page):
+                with self.store.reading() as cursor:
+                    kept = self.store.kept_at(cursor, positions)
+                yield from kept
+            if len(page) < PAGE:
+                return
+            after = page[-1][0]
 
     @property
     def whole(self) -> bool:
+        if not self.read:
+            for _ in self.rows():  # known only once they are read
+                pass
         return not self.missing and not self.unreadable
 
     def check_whole(self) -> None:
         """``HistoryIncomplete`` unless the rows are the whole history."""
         if not self.whole:
             raise HistoryIncomplete(self.entity, self.upto, self.missing, self.unreadable)
+
+
+def by_size(found: list[tuple[int, int]]) -> Iterator[list[int]]:
+    """The positions of ``found`` (position, size) in runs of about
+    ``READ_BYTES`` of stored events, one event at least."""
+    positions: list[int] = []
+    size = 0
+    for position, length in found:
+        if positions and size + (length or 0) > READ_BYTES:
+            yield positions
+            positions, size = [], 0
+        positions.append(position)
+        size += length or 0
+    if positions:
+        yield positions
+
+
+def row_of(record: Record) -> dict[str, Any]:
+    return {
+        "position": record.position,
+        "type": record.event["type"],
+        "status": "rejected" if record.rejected else "appended",
+        "at": record.event["at"],
+        "recorded_at": record.recorded_at,
+        "reason": record.reason,
+        "event": record.event,
+    }
 
 
 def slots_created(record: Record) -> list[str]:
@@ -51,17 +131,18 @@ def slots_created(record: Record) -> list[str]:
 
 
 def history(store: Store, entity: str, upto: int | None = None) -> list[dict[str, Any]]:
-    """The whole history of an entity (``HistoryIncomplete`` if the log
-    cannot give it whole)."""
+    """The whole history of an entity as a list (``HistoryIncomplete`` if
+    the log cannot give it whole)."""
     found = search(store, entity, upto)
+    rows = list(found.rows())
     found.check_whole()
-    return found.rows
+    return rows
 
 
 def search(store: Store, entity: str, upto: int | None = None) -> History:
     """Events naming a node, allocation, slot (``n1#0``) or address, or
     changed by one, up to ``upto`` (default: the head), with what the log
-    could not give of them."""
+    could not give of them: read as its ``rows`` are taken."""
     # As the kept JSON writes the name: whole, or for a name with '#' (a slot
     # n1#0, or an allocation or address web#blue) its start, which both the
     # slot's node "n1" and a whole name "web#blue" begin with; then picked
@@ -70,35 +151,13 @@ def search(store: Store, entity: str, upto: int | None = None) -> History:
         needle = json.dumps(entity.split("#", 1)[0], ensure_ascii=False)[:-1]
     else:
         needle = json.dumps(entity, ensure_ascii=False)
-    found = History(entity, upto)
+    if upto is not None:
+        return History(store, entity, upto, needle, upto)
     with store.reading() as cursor:
         # Up to the head, or past it to where the projection tables have
         # applied: the log held those positions once (its last were deleted).
-        end = upto if upto is not None else max(store.head(cursor), store.tracked(cursor))
-        kept = store.search_log(cursor, needle, upto)
-        if held(store, cursor, end) < end:
-            found.missing = missing_positions(store, cursor, end)
-    for stored in kept:
-        try:
-            record = read(stored)
-        except Unreadable as unreadable:  # it may name the entity: the search found it
-            found.unreadable.append(unreadable)
-            continue
-        named = set(touched_by(record.event)) | set(record.touches)
-        if entity not in named and entity not in slots_created(record):
-            continue
-        found.rows.append(
-            {
-                "position": record.position,
-                "type": record.event["type"],
-                "status": "rejected" if record.rejected else "appended",
-                "at": record.event["at"],
-                "recorded_at": record.recorded_at,
-                "reason": record.reason,
-                "event": record.event,
-            }
-        )
-    return found
+        end = max(store.head(cursor), store.tracked(cursor))
+    return History(store, entity, upto, needle, end)
 
 
 def held(store: Store, cursor: Any, end: int) -> int:
