@@ -53,8 +53,7 @@ class History:
             except Unreadable as error:  # it may name the entity: the search found it
                 unreadable.append(error)
                 continue
-            named = set(touched_by(record.event)) | set(record.touches)
-            if self.entity in named or self.entity in slots_created(record):
+            if touches(record, self.entity):
                 yield row_of(record)
         # Counted after the events were read: a position deleted while they
         # were is missing from what was listed too.
@@ -90,6 +89,16 @@ class History:
         """``HistoryIncomplete`` unless the rows are the whole history."""
         if not self.whole:
             raise HistoryIncomplete(self.entity, self.upto, self.missing, self.unreadable)
+
+
+def touches(record: Record, entity: str) -> bool:
+    """Whether a kept event names the entity or changed it: looked for until
+    found (a slot report names a thousand slots and allocations)."""
+    return (
+        entity in record.touches
+        or any(name == entity for name in touched_by(record.event))
+        or entity in slots_created(record)
+    )
 
 
 def by_size(found: list[tuple[int, int]]) -> Iterator[list[int]]:
