@@ -24,7 +24,7 @@ import json
 import re
 import secrets
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
@@ -35,12 +35,17 @@ from ledger.domain import Cluster
 from ledger.errors import LogEdited
 from ledger.pipeline import prompt_switches
 from ledger.records import Progress, check_read_whole, replay_log
-from ledger.store import Store
+from ledger.store import LoggedEvent, Store
 from projections import tables
 from projections.asof import AsOf, head_within, rebuild
 from projections.rows import ChangedRows, Statements, changed_rows
 
 CHUNK = 50_000  # events replayed per transaction (SQLite writers wait for each)
+# ... and about this many bytes of kept events at most: a chunk's changed
+# rows are held until it is written, and a rejection's row holds its event
+# (400 rejected events of 1 MiB in one chunk took 2.6 GB; a chunk of 50,000
+# events as the simulator writes them is about 10 MB).
+CHUNK_BYTES = 32 << 20
 
 # The key of each compared relation, in its column order.
 KEYS: dict[str, tuple[str, ...]] = {
@@ -151,8 +156,11 @@ class Scratch:
                 while self.position < target:
                     end = min(target, self.position + CHUNK)
                     progress = Progress(self.position)
-                    replay_log(self.cluster, self.store.read_log(self.position, end), progress)
-                    if progress.position != end:
+                    log = Measured(self.store.read_log(self.position, end), CHUNK_BYTES)
+                    replay_log(self.cluster, log, progress)
+                    if log.full:  # the chunk ends early, at the bytes it may hold
+                        end = progress.position
+                    elif progress.position != end:
                         check_read_whole(
                             progress.position, self.store.read_log(progress.position), end)
                     changed = changed_rows(self.cluster.take_changes())
@@ -174,6 +182,24 @@ class Scratch:
     def _write(self, changed: ChangedRows) -> None:
         with self.store.projecting() as cursor:
             self.store.write_rows(cursor, self.sql, changed)
+
+
+class Measured:
+    """Kept events of a log, until they come to ``limit`` bytes (then
+    ``full``; the one that reached it included)."""
+
+    def __init__(self, log: Iterable[LoggedEvent], limit: int) -> None:
+        self.log, self.limit = log, limit
+        self.full = False
+
+    def __iter__(self) -> Iterator[LoggedEvent]:
+        size = 0
+        for stored in self.log:
+            yield stored
+            size += len(stored.state)
+            if size >= self.limit:
+                self.full = True
+                return
 
 
 def replay(store: Store, to: int | None = None) -> ReplayReport:
