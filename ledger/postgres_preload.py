@@ -50,7 +50,8 @@ def named_by(batch: list[dict[str, Any]]) -> Named:
         if isinstance(event.get("alloc"), str):
             named.allocs.add(event["alloc"])
         for address in event.get("addresses") or ():
-            named.addresses.add(address)
+            if isinstance(address, str):  # (an edited log's other values load alone, and fail)
+                named.addresses.add(address)
         slots = event.get("slots")
         for entry in slots if isinstance(slots, list) else ():
             if isinstance(entry, dict) and isinstance(entry.get("alloc"), str):

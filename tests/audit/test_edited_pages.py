@@ -44,3 +44,34 @@ def test_a_follower_names_an_event_edited_in_the_log(
     assert len(lines) == 1 and "Traceback" not in lines[0], done.stderr
     assert "the kept event at position 3 cannot be read" in lines[0], lines[0]
     assert attacker.sql("SELECT COUNT(*) FROM allocations") == [(0,)]
+
+
+@pytest.mark.parametrize("addresses", [[1], [1.5], [True]])
+def test_a_follower_does_not_project_an_event_edited_to_hold_addresses_not_texts(
+    pg_under_test: StoreUnderTest, addresses: list[object]
+) -> None:
+    """Addresses edited into numbers: a single load of one fails the
+    follower, as before the page preload. The preload takes only texts: it
+    cast the numbers to text and cached their absence under the number, and
+    the follower projected the edited event (exit 0, address '1' held)."""
+    with Ledger.open(pg_under_test.url) as ledger:
+        ledger.submit_batch([
+            {"type": "node-registered", "node": "n1", "slots": 2},
+            {"type": "heartbeat", "node": "n1"},
+            {"type": "alloc-placed", "alloc": "a1", "node": "n1", "slot": 0,
+             "addresses": ["10.0.0.1"]},
+            {"type": "heartbeat", "node": "n1"},
+        ])
+    attacker = Attacker(pg_under_test)
+    attacker.drop_guards()
+    _, state = attacker.event(3)
+    kept = orjson.loads(state)
+    kept["event"]["addresses"] = addresses
+    attacker.sql(f"UPDATE {attacker.events} SET state = ? WHERE originator_version = 3",
+                 (orjson.dumps(kept),))
+
+    done = run("project", url=pg_under_test.url)
+
+    assert done.returncode != 0, done.stderr
+    assert "Traceback" not in done.stderr.decode()
+    assert attacker.sql("SELECT COUNT(*) FROM allocations") == [(0,)]
