@@ -18,6 +18,7 @@ from ledger import errors
 from ledger.model import (
     DESIRED_ORDER,
     LIVE,
+    MAX_SLOTS,
     AddressHold,
     Allocation,
     AllocState,
@@ -331,6 +332,8 @@ class Cluster:
     # -- handlers: one per event type ----------------------------------------
 
     def register_node(self, event: Event, fact: Fact) -> None:
+        if event["slots"] > MAX_SLOTS:  # only an edited log holds one: never build its table
+            raise ValueError(f"more than {MAX_SLOTS} slots")
         if self.node(event["node"]) is not None:
             raise errors.NodeAlreadyRegistered(event["node"])
         parent_name: str | None = event.get("parent")

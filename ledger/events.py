@@ -32,6 +32,7 @@ from typing_extensions import TypedDict
 
 from ledger.errors import InvalidEvent
 from ledger.model import (
+    MAX_SLOTS,
     OUT_OF_YEARS,
     RFC3339,
     RFC3339_IN_RANGE,
@@ -40,7 +41,6 @@ from ledger.model import (
     rfc3339_problem,
 )
 
-MAX_SLOTS = 1024
 MAX_SECONDS = 2**31 - 1  # a duration's most seconds: an INTEGER column in both stores
 STRICT = ConfigDict(extra="forbid", strict=True)
 

@@ -30,6 +30,7 @@ DESIRED_ORDER = {"run": 0, "stop": 1, "remove": 2}
 # (``health_reason``, kept from rules 3 on); a node's ``lost_allocs`` are
 # all it lost since it was last ready, at a disconnect too, not only when
 # it went down.
+MAX_SLOTS = 1024  # the most slots a node may have: submit takes no more, a replay applies no more
 RULES = 3
 
 # A deadline past the year 9999, as the one text form writes it: it never

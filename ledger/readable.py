@@ -23,6 +23,7 @@ from typing import Any, NamedTuple
 import orjson
 
 from ledger.errors import Unreadable
+from ledger.model import MAX_SLOTS
 
 CANNOT_APPLY = "it holds an event this alloc-ledger cannot apply"
 
@@ -78,12 +79,23 @@ def unreadable(position: int | None, state: bytes | None) -> Unreadable:
     """A kept event a reader failed on, named with what is wrong with its
     stored ``state`` (None: not at hand)."""
     problem = None if state is None else state_problem(state)
+    if problem is None and state is not None:  # its shape is right: is it beyond a limit?
+        problem = beyond_limits(orjson.loads(state)["event"])
     return Unreadable(position, problem or CANNOT_APPLY)
 
 
 def inapplicable(position: int, event: Any) -> Unreadable:
     """A kept event, read already, that the domain failed to apply."""
-    return Unreadable(position, event_problem(event) or CANNOT_APPLY)
+    return Unreadable(position, event_problem(event) or beyond_limits(event) or CANNOT_APPLY)
+
+
+def beyond_limits(event: dict[str, Any]) -> str | None:
+    """What in a kept event of the right shape is more than the domain will
+    apply: a registration's slots (its table would be built in memory)."""
+    slots = event.get("slots")
+    if event["type"] == "node-registered" and type(slots) is int and slots > MAX_SLOTS:
+        return f"field 'slots' is {slots}: a node has at most {MAX_SLOTS} slots"
+    return None
 
 
 def state_problem(state: bytes) -> str | None:

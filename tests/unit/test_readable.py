@@ -17,6 +17,7 @@ from pydantic import ValidationError
 from ledger.domain import Cluster
 from ledger.errors import LedgerError, Refused, RulesTooNew, Unreadable
 from ledger.events import DEFAULTS, EVENT_TYPES, _adapter, field_types, received
+from ledger.model import MAX_SLOTS
 from ledger.readable import CANNOT_APPLY, ENVELOPE, SHAPES, event_problem, state_problem
 from ledger.records import Progress, Record, decode, encode, read, replay, replay_log
 from ledger.store import LoggedEvent
@@ -231,3 +232,23 @@ def test_a_replay_of_a_damaged_log_ends_in_one_of_the_ledgers_errors(data: st.Da
     except (Unreadable, Refused, RulesTooNew) as error:
         if isinstance(error, Unreadable) and error.position == position:
             assert error.problem != CANNOT_APPLY  # what is wrong with it is named
+
+
+@pytest.mark.parametrize("slots", [MAX_SLOTS + 1, 2**40])
+def test_a_registration_edited_to_more_slots_than_a_node_has_is_unreadable(slots: int) -> None:
+    """Its slot table is never built: 2**40 slots took the test run's
+    24 GB before the kernel killed it (a draw of the property test above)."""
+    log = kept_log()
+    position = next(i for i, kept in enumerate(log, start=1)
+                    if orjson.loads(kept.state)["event"]["type"] == "node-registered")
+    state = orjson.loads(log[position - 1].state)
+    state["event"]["slots"] = slots
+    message = (f"the kept event at position {position} cannot be read: field 'slots' is "
+               f"{slots}: a node has at most {MAX_SLOTS} slots; ")
+
+    with pytest.raises(Unreadable) as raised:
+        replay_log(Cluster(), damaged(position, orjson.dumps(state)), Progress(0))
+    assert str(raised.value).startswith(message)
+    with pytest.raises(Unreadable) as raised:
+        replay(Cluster(), decode(LoggedEvent(position, "node-registered", orjson.dumps(state))))
+    assert str(raised.value).startswith(message)
