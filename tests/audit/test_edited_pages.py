@@ -12,6 +12,27 @@ from audit_support import Attacker, StoreUnderTest, run
 from ledger.application import Ledger
 
 
+def placement_edited(under_test: StoreUnderTest, edit: dict[str, object]) -> Attacker:
+    """A placement (position 3) among heartbeats, then its kept event edited
+    by an attacker; the follower has applied nothing yet."""
+    with Ledger.open(under_test.url) as ledger:
+        ledger.submit_batch([
+            {"type": "node-registered", "node": "n1", "slots": 2},
+            {"type": "heartbeat", "node": "n1"},
+            {"type": "alloc-placed", "alloc": "a1", "node": "n1", "slot": 0,
+             "addresses": ["10.0.0.1"]},
+            {"type": "heartbeat", "node": "n1"},
+        ])
+    attacker = Attacker(under_test)
+    attacker.drop_guards()
+    _, state = attacker.event(3)
+    kept = orjson.loads(state)
+    kept["event"] |= edit
+    attacker.sql(f"UPDATE {attacker.events} SET state = ? WHERE originator_version = 3",
+                 (orjson.dumps(kept),))
+    return attacker
+
+
 @pytest.mark.parametrize("edit", [
     {"addresses": 5},
     {"addresses": [{"not": "an address"}]},
@@ -21,21 +42,7 @@ from ledger.application import Ledger
 def test_a_follower_names_an_event_edited_in_the_log(
     pg_under_test: StoreUnderTest, edit: dict[str, object]
 ) -> None:
-    with Ledger.open(pg_under_test.url) as ledger:
-        ledger.submit_batch([
-            {"type": "node-registered", "node": "n1", "slots": 2},
-            {"type": "heartbeat", "node": "n1"},
-            {"type": "alloc-placed", "alloc": "a1", "node": "n1", "slot": 0,
-             "addresses": ["10.0.0.1"]},
-            {"type": "heartbeat", "node": "n1"},
-        ])
-    attacker = Attacker(pg_under_test)
-    attacker.drop_guards()
-    _, state = attacker.event(3)
-    kept = orjson.loads(state)
-    kept["event"] |= edit
-    attacker.sql(f"UPDATE {attacker.events} SET state = ? WHERE originator_version = 3",
-                 (orjson.dumps(kept),))
+    attacker = placement_edited(pg_under_test, edit)
 
     done = run("project", url=pg_under_test.url)
 
@@ -54,21 +61,7 @@ def test_a_follower_does_not_project_an_event_edited_to_hold_addresses_not_texts
     follower, as before the page preload. The preload takes only texts: it
     cast the numbers to text and cached their absence under the number, and
     the follower projected the edited event (exit 0, address '1' held)."""
-    with Ledger.open(pg_under_test.url) as ledger:
-        ledger.submit_batch([
-            {"type": "node-registered", "node": "n1", "slots": 2},
-            {"type": "heartbeat", "node": "n1"},
-            {"type": "alloc-placed", "alloc": "a1", "node": "n1", "slot": 0,
-             "addresses": ["10.0.0.1"]},
-            {"type": "heartbeat", "node": "n1"},
-        ])
-    attacker = Attacker(pg_under_test)
-    attacker.drop_guards()
-    _, state = attacker.event(3)
-    kept = orjson.loads(state)
-    kept["event"]["addresses"] = addresses
-    attacker.sql(f"UPDATE {attacker.events} SET state = ? WHERE originator_version = 3",
-                 (orjson.dumps(kept),))
+    attacker = placement_edited(pg_under_test, {"addresses": addresses})
 
     done = run("project", url=pg_under_test.url)
 
