@@ -15,6 +15,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+from ledger.batches import batched
 from ledger.domain import touched_by
 from ledger.errors import HistoryIncomplete, Unreadable
 from ledger.records import Record, read
@@ -23,7 +24,7 @@ from ledger.store import LoggedEvent, Store
 # A history reads the log a page of positions found at a time, and the
 # events found a few at a time: never all of a long history at once.
 PAGE = 1000  # positions of events found, per search of the log
-READ_BYTES = 4 << 20  # kept events read at once: about this many bytes (one at least)
+READ_BYTES = 4 << 20  # kept events read at once: until they reach this many bytes
 
 
 @dataclass(slots=True)
@@ -70,9 +71,9 @@ class History:
         while True:
             with self.store.reading() as cursor:
                 page = self.store.search_log(cursor, self.needle, after, self.end, PAGE)
-            for positions in by_size(page):
+            for run in batched(page, PAGE, stored_size, READ_BYTES):
                 with self.store.reading() as cursor:
-                    kept = self.store.kept_at(cursor, positions)
+                    kept = self.store.kept_at(cursor, [position for position, _ in run])
                 yield from kept
             if len(page) < PAGE:
                 return
@@ -101,19 +102,9 @@ def touches(record: Record, entity: str) -> bool:
     )
 
 
-def by_size(found: list[tuple[int, int]]) -> Iterator[list[int]]:
-    """The positions of ``found`` (position, size) in runs of about
-    ``READ_BYTES`` of stored events, one event at least."""
-    positions: list[int] = []
-    size = 0
-    for position, length in found:
-        if positions and size + (length or 0) > READ_BYTES:
-            yield positions
-            positions, size = [], 0
-        positions.append(position)
-        size += length or 0
-    if positions:
-        yield positions
+def stored_size(found: tuple[int, int]) -> int:
+    """The stored size of an event found (position, size): none if NULL."""
+    return found[1] or 0
 
 
 def row_of(record: Record) -> dict[str, Any]:

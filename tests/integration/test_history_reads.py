@@ -35,6 +35,7 @@ class Reads:
     def __init__(self, monkeypatch: pytest.MonkeyPatch, store: Any) -> None:
         self.searches: list[int] = []  # events found, per search
         self.reads: list[int] = []  # kept events, per read
+        self.sizes: list[list[int]] = []  # their stored sizes, per read
         kind = type(store)
         search_log, kept_at = kind.search_log, kind.kept_at
 
@@ -46,6 +47,7 @@ class Reads:
         def reading(own: Any, cursor: Any, positions: list[int]) -> Any:
             kept = kept_at(own, cursor, positions)
             self.reads.append(len(kept))
+            self.sizes.append([len(stored.state) for stored in kept])
             return kept
 
         monkeypatch.setattr(kind, "search_log", searching)
@@ -87,7 +89,11 @@ def test_the_events_read_at_once_are_bounded_by_their_size(cluster, monkeypatch)
     rows = history(store, "a3")
 
     assert [row["type"] for row in rows] == ["alloc-placed"] + ["heartbeat"] * BEATS
-    assert max(reads.reads) == 3
+    # a read ends with the event that brings it to the budget (as a submit's
+    # batch does): the placement (smaller) and three heartbeats, then threes
+    assert reads.reads[:2] == [4, 3]
+    assert all(sum(sizes[:-1]) < 3 * beat <= sum(sizes) for sizes in reads.sizes[:-1])
+    assert sum(reads.sizes[-1]) <= 3 * beat
     assert sum(reads.reads) == 1 + BEATS  # the events that name a3 (found by the search)
 
 
