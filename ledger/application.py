@@ -21,7 +21,7 @@ from ledger.domain import AlreadyPlaced, Cluster, touched_by
 from ledger.errors import InvalidEvent, LogEdited, RuleViolation
 from ledger.model import RULES, Event, Fact, Receipt, answered, timestamp, valid_of
 from ledger.records import REJECTED, Record, decode, encode
-from ledger.retries import First
+from ledger.retries import First, first
 from ledger.store import LoggedEvent, Store, open_store
 from projections.projector import Projector
 from projections.rows import ChangedRows, Statements, TableSource, changed_rows
@@ -66,7 +66,9 @@ class Ledger:
         self._last: tuple[int, str] | None = None
         self._closed = False
         self._repairs: int | None = None  # the count of repairs last seen
-        self._recent_ids: dict[str, First] = {}  # client ids of the last batch it decided
+        # client ids of the last batch it decided, with their kept events (as
+        # kept: a tenth of the memory of the events they were decided from)
+        self._recent_ids: dict[str, LoggedEvent] = {}
         self._deciding = threading.RLock()  # a PostgreSQL standby thread may decide too
 
     @classmethod
@@ -208,6 +210,7 @@ class Ledger:
         receipts: list[Receipt] = []
         kept = []
         new_ids = []
+        recent = {}
         for event in batch:
             ident = event.get("id")
             if ident is not None and ident in firsts:
@@ -223,6 +226,7 @@ class Ledger:
             kept.append(encode(record))
             if ident is not None:
                 firsts[ident] = (head, event, record.reason)
+                recent[ident] = kept[-1]
                 new_ids.append((ident, head))
             if record.rejected:
                 receipts.append(Receipt("rejected", head, record.reason))
@@ -231,7 +235,7 @@ class Ledger:
         hashes = self._chain(base, kept)
         changed = changed_rows(self.cluster.take_changes()) if kept else []
         self._last = hashes[-1] if hashes else (after, base)
-        self._recent_ids = {ident: firsts[ident] for ident, _ in new_ids}
+        self._recent_ids = recent
         return Decided(after, base, head, batch, receipts, kept, hashes, new_ids, changed)
 
     def _firsts(self, cursor: Any, ids: list[str]) -> dict[str, First]:
@@ -240,7 +244,8 @@ class Ledger:
         if not ids:
             return {}
         known = self.store.known_ids(cursor, ids)
-        firsts = {i: self._recent_ids[i] for i in self._recent_ids.keys() & set(ids)}
+        firsts = {
+            i: first(decode(self._recent_ids[i])) for i in self._recent_ids.keys() & set(ids)}
         unread = {position for ident, position in known.items() if ident not in firsts}
         if unread:
             kept = {r.position: r for r in map(decode, self.store.kept_at(cursor, sorted(unread)))}
@@ -251,7 +256,7 @@ class Ledger:
                             f"the client-id index names position {position} for id '{ident}', "
                             "which the log lacks; alloc-ledger verify checks whether the log "
                             "was edited")
-                    firsts[ident] = (position, record.event, record.reason)
+                    firsts[ident] = first(record)
         return firsts
 
     def _write(self, cursor: Any, decided: Decided, inline: bool | None) -> None:

@@ -18,7 +18,7 @@ time it was received.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ledger.errors import differ
 from ledger.model import Event, Receipt, address_set
@@ -27,6 +27,14 @@ from ledger.model import Event, Receipt, address_set
 # text form) and, if it was rejected, the reason. A plain tuple: one is made
 # per event with an id, and a frozen dataclass's __init__ costs ten times as much.
 First = tuple[int, dict[str, Any], str | None]
+
+if TYPE_CHECKING:
+    from ledger.records import Record
+
+
+def first(record: Record) -> First:
+    """What a kept record answers a retry of its id with."""
+    return (record.position, record.event, record.reason)
 
 
 def answer(retry: Event, first: First) -> Receipt:
