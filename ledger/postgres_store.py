@@ -412,6 +412,9 @@ def _denied(error: BaseException) -> bool:
 class PostgresStore:
     dialect = "postgresql"
     param = "%s"
+    # not the database's collation (en-US sorts "_z a b B", SQLite "B _z a b"):
+    # an answer's order is the same on either store, and as of any position
+    name_order = ' COLLATE "C"'
     state_prefix = STATE_PREFIX
     overlaps = False  # writers hand batches to a leader, which overlaps its own rounds
     loads_many = True  # a load is a round trip: a cascade loads its nodes a level at a time

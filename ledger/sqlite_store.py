@@ -219,6 +219,7 @@ def describe(error: BaseException, path: str = "") -> str:
 class SQLiteStore:
     dialect = "sqlite"
     param = "?"
+    name_order = ""  # BINARY: UTF-8 bytes, code point order
     state_prefix = ""  # decisions read the projection tables themselves
     projects_inline = True
     overlaps = True  # a file (never in memory): a reader reads while the writer thread writes

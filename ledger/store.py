@@ -85,6 +85,7 @@ class Store(Protocol):
     url: str
     dialect: str
     param: str
+    name_order: str  # after a name in ORDER BY: names in code point order, as Python sorts them
     state_prefix: str  # tables the writer decides against ("" = the projection tables)
     projects_inline: bool  # whether writers also keep the projection tables
     overlaps: bool  # whether ``submit_batches`` decides a batch while the last one commits

@@ -36,9 +36,10 @@ COLUMNS: dict[str, tuple[str, ...]] = {
 class Queries:
     """Answers from projection tables reached through one DB-API cursor."""
 
-    def __init__(self, cursor: Any, param: str = "?") -> None:
+    def __init__(self, cursor: Any, param: str = "?", name_order: str = "") -> None:
         self.cursor = cursor
         self.p = param
+        self.c = name_order  # names are ordered by code point, whatever the database's collation
 
     def _rows(self, statement: str, params: tuple[Any, ...] = ()) -> list[dict[str, Any]]:
         self.cursor.execute(statement, params)
@@ -48,7 +49,8 @@ class Queries:
     def needs_reconnect(self, now: str) -> list[dict[str, Any]]:
         rows = self._rows(
             "SELECT alloc, node, job, desired_status, unknown_since_position, unknown_since_at, "
-            "deadline FROM needs_reconnect ORDER BY unknown_since_position, alloc"
+            "deadline FROM needs_reconnect ORDER BY unknown_since_position, "
+            f"alloc{self.c}"
         )
         for row in rows:
             row["expired"] = row["deadline"] not in (None, NEVER) and row["deadline"] <= now
@@ -56,14 +58,15 @@ class Queries:
 
     def zombie_slots(self) -> list[dict[str, Any]]:
         return self._rows(
-            "SELECT node, slot, alloc, reason, position FROM zombie_slots ORDER BY node, slot"
+            "SELECT node, slot, alloc, reason, position FROM zombie_slots "
+            f"ORDER BY node{self.c}, slot"
         )
 
     def slots(self, node: str | None = None) -> list[dict[str, Any]]:
         where, params = self._filters(node=node)
         return self._rows(
             "SELECT node, slot, state, alloc, reported_alloc, since_position FROM slots"
-            f"{where} ORDER BY node, slot",
+            f"{where} ORDER BY node{self.c}, slot",
             params,
         )
 
@@ -71,7 +74,7 @@ class Queries:
         return self._rows(
             "SELECT node, status, health, parent, slots, slots_used, allocs, "
             "last_heartbeat_at, last_heartbeat_position, reason, since_position "
-            "FROM nodes ORDER BY node"
+            f"FROM nodes ORDER BY node{self.c}"
         )
 
     def allocs(
@@ -81,7 +84,7 @@ class Queries:
         where = f"{where} AND removed = 0" if where else " WHERE removed = 0"
         rows = self._rows(
             "SELECT alloc, node, job, slot, desired_status, client_status, needs_reconnect, "
-            f"addresses FROM allocations{where} ORDER BY alloc",
+            f"addresses FROM allocations{where} ORDER BY alloc{self.c}",
             params,
         )
         return [_decoded(row) for row in rows]
@@ -105,13 +108,14 @@ class Queries:
         return found
 
     def addresses(self) -> list[dict[str, Any]]:
-        return self._rows("SELECT address, alloc, node, state FROM addresses ORDER BY address")
+        return self._rows(
+            f"SELECT address, alloc, node, state FROM addresses ORDER BY address{self.c}")
 
     def suspects(self) -> list[dict[str, Any]]:
         rows = self._rows(
             "SELECT node, health, status, reason, since_position, lost_allocs FROM nodes "
             "WHERE (health = 'suspect' AND status <> 'removed') OR status = 'down' "
-            "ORDER BY since_position, node"
+            f"ORDER BY since_position, node{self.c}"
         )
         for row in rows:
             row["lost_allocs"] = json.loads(row["lost_allocs"])
