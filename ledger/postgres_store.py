@@ -51,6 +51,8 @@ from ledger.postgres_preload import (
 from ledger.postgres_writes import LogRecorder
 from ledger.store import (
     LEDGER_STREAM,
+    PAGE,
+    PAGE_BYTES,
     PROJECTIONS,
     REPAIRS,
     Decider,
@@ -79,7 +81,6 @@ RECORDER_COLUMNS = {
 }
 MARK = f"alloc-ledger schema {SCHEMA_VERSION}"
 MARKED = re.compile(r"alloc-ledger schema (\d+)")
-PAGE = 5000
 TRACKING = "tracking"
 # The head of the log with its chain hash; the same with the count of repairs.
 HEAD = ("SELECT last, (SELECT hash FROM event_hashes WHERE position = last) FROM "
@@ -88,6 +89,26 @@ HEAD = ("SELECT last, (SELECT hash FROM event_hashes WHERE position = last) FROM
 HEAD_AND_REPAIRS = HEAD.replace(
     " FROM (", f", (SELECT notification_id FROM {TRACKING} WHERE application_name = %s) FROM (", 1)
 STATE_PREFIX = tables.STATE_PREFIX
+# A page of the log: ``PAGE`` events, or fewer: up to the one at which their
+# stored bytes reach ``PAGE_BYTES``. The page's sizes are summed first, and
+# only a page that comes to the budget has its running sums taken (a window
+# over positions and sizes: one over the states as well copied each, and
+# read ordinary pages a third slower); ``octet_length`` of a state stored out
+# of line reads its size, not its bytes. The events past the cut are never
+# sent (psycopg's cursor takes a whole result at once). A state set to NULL
+# by hand reads as no bytes, which verify names.
+_PAGE_SIZES = (
+    "SELECT originator_version, COALESCE(octet_length(state), 0) AS size FROM stored_events "
+    "WHERE originator_id = %(stream)s AND originator_version > %(after)s "
+    "AND originator_version <= %(upto)s ORDER BY originator_version LIMIT %(page)s")
+LOG_PAGE = (
+    "SELECT originator_version, topic, COALESCE(state, ''::bytea) FROM stored_events "
+    "WHERE originator_id = %(stream)s AND originator_version > %(after)s "
+    "AND originator_version <= (SELECT CASE WHEN COALESCE(sum(size), 0) < %(bytes)s THEN %(upto)s "
+    "ELSE (SELECT min(originator_version) FROM (SELECT originator_version, sum(size) OVER "
+    f"(ORDER BY originator_version ROWS UNBOUNDED PRECEDING) AS upto FROM ({_PAGE_SIZES}) page) "
+    f"sizes WHERE upto >= %(bytes)s) END FROM ({_PAGE_SIZES}) page) "
+    "ORDER BY originator_version LIMIT %(page)s")
 SCHEMA_NAME = re.compile(r"[a-z_][a-z0-9_]{0,62}")
 # libpq's parameters a URL may give, passed on as they are: TLS, the name in
 # pg_stat_activity, which server of several to take, and how soon a connection
@@ -954,14 +975,16 @@ class PostgresStore:
         postgres_writes.write_rows(cursor, sql.prefix, changed)
 
     def read_log(self, after: int, upto: int | None = None) -> Iterator[LoggedEvent]:
-        """Pages of the log; inside a transaction of this store, through that
-        transaction (so a writer projecting inline sees what it just appended)."""
+        """Pages of the log (``LOG_PAGE``); inside a transaction of this store,
+        through that transaction (so a writer projecting inline sees what it
+        just appended)."""
         while upto is None or after < upto:
             page = self._page(after, upto)
             yield from page
-            if len(page) < PAGE:
-                return
+            if len(page) < PAGE and sum(len(stored.state) for stored in page) < PAGE_BYTES:
+                return  # not ended by its count or its bytes: the log ends there
             after = page[-1].originator_version
+            del page  # not held while the next is read
 
     def _page(self, after: int, upto: int | None) -> list[LoggedEvent]:
         cursor = getattr(self._local, "cursor", None)
@@ -969,13 +992,10 @@ class PostgresStore:
             with self.reading():  # a page in a transaction of its own
                 return self._page(after, upto)
         try:
-            # A state set to NULL by hand reads as no bytes, which verify names.
-            cursor.execute(
-                "SELECT originator_version, topic, COALESCE(state, ''::bytea) FROM stored_events "
-                "WHERE originator_id = %s AND originator_version > %s "
-                "AND originator_version <= %s ORDER BY originator_version LIMIT %s",
-                (self.stream, after, upto if upto is not None else 2**62, PAGE),
-            )
+            cursor.execute(LOG_PAGE, {
+                "stream": self.stream, "after": after, "upto": upto if upto is not None else 2**62,
+                "page": PAGE, "bytes": PAGE_BYTES,
+            })
             return [logged((row[0], row[1], bytes(row[2]))) for row in cursor.fetchall()]
         except (psycopg.Error, PersistenceError) as error:
             raise StoreUnavailable(f"store {self.shown}: {describe(error)}") from None

@@ -31,6 +31,8 @@ from ledger import sqlite_writes
 from ledger.errors import MadeByNewer, StoreUnavailable, first_few
 from ledger.store import (
     LEDGER_STREAM,
+    PAGE,
+    PAGE_BYTES,
     PROJECTIONS,
     REPAIRS,
     Decider,
@@ -47,7 +49,6 @@ from projections import tables
 # zombie slots on removed nodes (``projections.tables.upgrade``)
 SCHEMA_VERSION = 3
 MIN_SQLITE = (3, 33, 0)
-PAGE = 5000
 
 LOG_TABLES = [
     """CREATE TABLE IF NOT EXISTS event_ids (id TEXT PRIMARY KEY, position INTEGER NOT NULL)
@@ -567,7 +568,9 @@ class SQLiteStore:
         cursor (a new one per transaction) fetches plain tuples instead
         (the Rows cost a tenth of a replay). A state is read as a BLOB even
         if it was rewritten as TEXT (tampering with ``replace()`` does), so
-        that ``verify`` names the position rather than failing on the type."""
+        that ``verify`` names the position rather than failing on the type.
+        A page ends at ``PAGE`` events or once they reach ``PAGE_BYTES``: the
+        rows after it are left unread, and the next page starts after it."""
         statement = (
             "SELECT originator_version, topic, COALESCE(CAST(state AS BLOB), x'') FROM stored_events "
             "WHERE originator_id = ? AND originator_version > ? AND originator_version <= ? "
@@ -578,11 +581,13 @@ class SQLiteStore:
             with self.reading() as cursor:
                 cursor.row_factory = None
                 cursor.execute(statement, (self.stream, after, last, PAGE))
-                page = cursor.fetchall()
+                page, full = _page(cursor, PAGE_BYTES)
+                cursor.close()  # the rows past a page ended by its bytes: never read
             yield from map(logged, page)
-            if len(page) < PAGE:
+            if not full:
                 return
             after = page[-1][0]
+            del page  # not held while the next is read
 
     def search_log(
         self, cursor: Any, needle: str, after: int, upto: int, limit: int
@@ -597,6 +602,21 @@ class SQLiteStore:
 
     def close(self) -> None:
         self.datastore.close()
+
+
+def _page(cursor: sqlite3.Cursor, budget: int) -> tuple[list[Any], bool]:
+    """The rows of a page, taken until their states reach ``budget`` bytes
+    (the one that reaches it taken); whether the page is full (ended at its
+    bytes or at ``PAGE`` rows), so that more may follow."""
+    page: list[Any] = []
+    take = page.append
+    size = 0
+    for row in cursor:
+        take(row)
+        size += len(row[2])
+        if size >= budget:
+            return page, True
+    return page, len(page) == PAGE
 
 
 def _finalized(error: BaseException | None) -> GeneratorExit | None:

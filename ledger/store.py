@@ -28,6 +28,11 @@ PROJECTIONS = "projections"
 # The row of ``tracking`` that counts the repairs that replaced projection
 # tables: a writer whose caches were loaded from them before one drops them.
 REPAIRS = "repairs"
+# A page of the log (``Store.read_log``, one read transaction) ends at this
+# many kept events, or once their stored bytes reach ``PAGE_BYTES`` (one event
+# at least), whichever comes first: 5,000 events of 1 MiB would be 5 GB held.
+PAGE = 5000
+PAGE_BYTES = 32 << 20
 
 
 class LoggedEvent(NamedTuple):
@@ -184,7 +189,8 @@ class Store(Protocol):
         database does it fastest."""
 
     def read_log(self, after: int, upto: int | None = None) -> Iterator[LoggedEvent]:
-        """Stored events after a position, in order, read page by page."""
+        """Stored events after a position, in order, read page by page
+        (``PAGE`` events at most per read, or ``PAGE_BYTES`` of them)."""
 
     def search_log(
         self, cursor: Any, needle: str, after: int, upto: int, limit: int
