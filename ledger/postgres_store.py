@@ -33,6 +33,7 @@ import psycopg
 from eventsourcing.persistence import PersistenceError, Tracking
 from eventsourcing.postgres import PostgresDatastore, PostgresProcessRecorder
 from psycopg import sql
+from psycopg.generators import send
 from psycopg.rows import dict_row, tuple_row
 
 from ledger import postgres_access, postgres_writes
@@ -256,7 +257,21 @@ class SyncingCursor(psycopg.Cursor[Any]):
             and self._execmany_returning is not False
             and not self.pgresult
         ):
-            pipeline.sync()
+            synced(self._conn, pipeline)
+
+
+def synced(connection: psycopg.Connection[Any], pipeline: psycopg.Pipeline) -> None:
+    """``pipeline.sync()``, once what the pipeline holds is sent whole.
+
+    psycopg's (3.3.9) sync stops sending once its queue of commands is
+    empty, whatever libpq's buffer still holds, and then waits for results:
+    a statement larger than the socket takes in a few writes (a replay's
+    write of 40 rejected 1 MiB events, 50 MB of text alone) was left half
+    sent, and the server waited for its rest (ClientRead) as long as the
+    client waited for its answer. Sent first, only the Sync is left to it."""
+    with connection.lock:
+        connection.wait(send(connection.pgconn))
+    pipeline.sync()
 
 
 class _Pipelined:
@@ -293,13 +308,13 @@ class _Pipelined:
             try:
                 yield transaction
                 transaction.commit()
-                pipeline.sync()
+                synced(connection, pipeline)
             except BaseException:
                 with suppress(psycopg.Error):  # the server skips what follows an error until a Sync
-                    pipeline.sync()
+                    synced(connection, pipeline)
                 with suppress(psycopg.Error):  # a connection lost is rolled back by the server
                     connection.execute("ROLLBACK")
-                    pipeline.sync()
+                    synced(connection, pipeline)
                 raise
 
 

@@ -8,11 +8,11 @@ the tables and the tracking position consistent, and the next run resumes.
 
 from __future__ import annotations
 
-import itertools
 from typing import Any
 
 import orjson
 
+from ledger.batches import BATCH_BYTES, batched
 from ledger.collection import fewer_collections
 from ledger.domain import Cluster
 from ledger.errors import LogEndsEarly, Refused, TablesDisagree, Unchained
@@ -20,7 +20,12 @@ from ledger.records import LoggedEvent, Progress, replay_log
 from ledger.store import Store
 from projections.rows import Statements, TableSource, changed_rows
 
+# The events applied and written at a time: a page ends at PAGE events or
+# once their kept JSON reaches PAGE_BYTES (as a submit's batch does): 400
+# rejected events of 1 MiB were one write, whose rejection rows PostgreSQL
+# refused (a jsonb array is at most 256 MB) after holding 1.5 GB here.
 PAGE = 1000
+PAGE_BYTES = BATCH_BYTES
 
 
 class Projector:
@@ -63,11 +68,11 @@ class Projector:
             return tracked
         if not appended_here:
             self._check_chained(cursor, tracked, head)
-        log = iter(self.store.read_log(tracked, head))
+        pages = batched(self.store.read_log(tracked, head), PAGE, kept_size, PAGE_BYTES)
         progress = Progress(tracked)
         while progress.position < head:
             before = progress.position
-            page = list(itertools.islice(log, PAGE))
+            page = next(pages, [])
             # What the page names, loaded at once where a load is a round trip
             # (PostgreSQL): one by one, 10,000 nodes cost a second each 1,500.
             try:
@@ -96,6 +101,10 @@ class Projector:
             (head,),
         )
         raise Unchained(max(cursor.fetchone()[0] or 0, tracked) + 1)
+
+
+def kept_size(stored: LoggedEvent) -> int:
+    return len(stored.state)
 
 
 def events_of(page: list[LoggedEvent]) -> list[dict[str, Any]]:
