@@ -8,9 +8,10 @@ wait grows with the number of writers. Here writers combine instead:
   an UNLOGGED table (no disk flush), which NOTIFYs the leader.
 * Every writer process keeps a standby thread trying for an advisory lock,
   held in a transaction on a *lease* connection; the thread that holds it
-  leads. In one transaction it takes every batch handed over (in order),
-  decides them in that order against its own cache, takes the log's
-  EXCLUSIVE lock, appends them, and commits (one flush for all of them). The
+  leads. In one transaction it takes the batches handed over, oldest first
+  and at most ``ROUND_BYTES`` of them (one at least; the rest wait for the
+  next round), decides them in that order against its own cache, takes the
+  log's EXCLUSIVE lock, appends them, and commits (one flush for all). The
   cache stays valid while it leads; a writer with ``?writers=lock`` that
   appends meanwhile is seen by the head under the lock, and the round is
   decided again. Each writer's receipts go to its own NOTIFY channel, which
@@ -65,6 +66,7 @@ import orjson
 import psycopg
 from psycopg import sql
 
+from ledger.batches import BATCH_BYTES
 from ledger.errors import StoreUnavailable
 from ledger.model import Event, Receipt
 from ledger.store import Decider
@@ -93,15 +95,31 @@ HAND = (
     "SELECT %s, %s, %s, pid, backend_start FROM pg_stat_get_activity(pg_backend_pid()) "
     "RETURNING 1) SELECT pg_notify(%s, '') FROM handed"
 )
-# Batches a round still committing took are locked: the next round skips them.
+# A round takes the oldest batches waiting whose handed-over events hold at
+# most ``ROUND_BYTES`` (the oldest alone when it holds more), in order: a
+# running sum of their sizes, read without their events, so that batches past
+# the budget are neither locked nor fetched; they wait for the next round.
+# Batches the round still committing took (``committing``) are locked: they
+# are left out of the sum, and the lock skips them (and those that another
+# session holds: a writer taking its batch back).
 TAKE = (
-    "WITH taken AS (DELETE FROM handoff WHERE id IN "
-    "(SELECT id FROM handoff FOR UPDATE SKIP LOCKED) "
+    "WITH waiting AS (SELECT id, row_number() OVER w AS nth, "
+    "sum(octet_length(events)) OVER w AS held FROM handoff "
+    "WHERE id <> ALL(%(committing)s::bigint[]) "
+    "WINDOW w AS (ORDER BY id ROWS UNBOUNDED PRECEDING)), "
+    "taken AS (DELETE FROM handoff WHERE id IN (SELECT id FROM handoff WHERE id IN "
+    "(SELECT id FROM waiting WHERE nth = 1 OR held <= %(budget)s) FOR UPDATE SKIP LOCKED) "
     "RETURNING id, batch, events, inline, pid, started) "
-    "SELECT t.batch, t.events, t.pid, t.inline FROM taken t JOIN pg_stat_get_activity(NULL) a ON a.pid = t.pid "
+    "SELECT t.id, t.batch, t.events, t.pid, t.inline FROM taken t "
+    "JOIN pg_stat_get_activity(NULL) a ON a.pid = t.pid "
     "WHERE a.backend_start IS NULL OR t.started IS NULL OR a.backend_start = t.started "
     "ORDER BY t.id"
 )
+# The events a round takes, in bytes of their JSON as handed over: a leader
+# holds a round several times over while it decides and writes it (and the
+# next round while this one commits), so taking every batch waiting grew with
+# the writers, each batch up to ``BATCH_BYTES`` of input.
+ROUND_BYTES = BATCH_BYTES
 ANY_HANDED = "SELECT EXISTS (SELECT 1 FROM handoff)"
 # Receipts go to each writer's own channel, in the notification itself when
 # they fit (a notification carries at most 8000 bytes), else in ``outcomes``.
@@ -301,6 +319,7 @@ class Handoff:
         self.cannot_stand_by: BaseException | None = None  # it could not connect
         self.leading = False
         self.rounds = 0
+        self.in_round: list[int] = []  # the batches (``handoff`` ids) the last round took
         self.watchdog = Watchdog()  # the writer's statements answered in time
 
     # -- the writer's side -----------------------------------------------------
@@ -520,23 +539,26 @@ class Handoff:
     def _round(
         self, connection: psycopg.Connection[Any], committing: Future[None] | None
     ) -> ExitStack | None:
-        """Take every batch handed over, decide and write them in one
-        transaction; return it to be committed, or None if there were none.
-        The previous round may still be committing: these batches are
-        decided after it, and written once it is committed."""
+        """Take the oldest batches handed over, up to ``ROUND_BYTES`` (``TAKE``),
+        decide and write them in one transaction; return it to be committed,
+        or None if there were none. The previous round may still be
+        committing: these batches are decided after it, and written once it
+        is committed."""
         assert self.decider is not None
         transaction = ExitStack()
         cursor = transaction.enter_context(self.store.combining(connection))
         try:
-            cursor.execute(TAKE)
+            held = self.in_round if committing is not None else []
+            cursor.execute(TAKE, {"committing": held, "budget": ROUND_BYTES})
             taken = cursor.fetchall()
+            self.in_round = [row[0] for row in taken]
             if not taken:
                 _wait(committing)
                 transaction.close()
                 return None
-            batches = [(key, orjson.loads(events), pid) for key, events, pid, _ in taken]
+            batches = [(key, orjson.loads(events), pid) for _, key, events, pid, _ in taken]
             events = [e for _, b, _ in batches for e in b]
-            inline = any(row[3] for row in taken)  # a writer wants the projections inline
+            inline = any(row[4] for row in taken)  # a writer wants the projections inline
             ahead = committing is not None and not inline
             decided = self.decider.decide_ahead(cursor, events) if ahead else None
             _wait(committing)
