@@ -15,11 +15,13 @@ import sys
 import threading
 import time
 from contextlib import ExitStack, suppress
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 import psycopg
 import pytest
+from pg_support import hand_over_in_turn
 
 from ledger.application import Ledger
 from ledger.chain import verify
@@ -92,15 +94,9 @@ def test_batches_handed_over_while_no_one_leads_are_decided_in_one_round_in_orde
 
     blocker = open_store(pg_url).connect()  # type: ignore[attr-defined]
     blocker.execute("SELECT pg_advisory_lock(%s, %s)", _leader_key(blocker, pg_schema))
-    threads = []
+    threads: list[threading.Thread] = []
     try:
-        for number in range(3):
-            threads.append(threading.Thread(target=write, args=(number,)))
-            threads[-1].start()
-            deadline = time.monotonic() + 10
-            while read.value("SELECT count(*) FROM handoff") < number + 1:
-                assert time.monotonic() < deadline, "the batch was not handed over"
-                time.sleep(0.02)
+        hand_over_in_turn(read, [partial(write, number) for number in range(3)], threads)
     finally:
         blocker.close()  # the lead is free: one standby takes all three batches
         for thread in threads:

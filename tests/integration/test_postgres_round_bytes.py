@@ -8,11 +8,12 @@ from __future__ import annotations
 
 import os
 import threading
-import time
+from functools import partial
 from typing import Any
 
 import psycopg
 import pytest
+from pg_support import hand_over_in_turn
 
 from ledger import postgres_handoff
 from ledger.application import Ledger
@@ -70,13 +71,7 @@ def test_a_round_takes_the_oldest_batches_up_to_its_byte_budget(
     blocker.execute("SELECT pg_advisory_lock(%s, %s)", (LEADER_LOCK, oid))
     threads: list[threading.Thread] = []
     try:
-        for number in range(len(EVENTS)):
-            threads.append(threading.Thread(target=write, args=(number,)))
-            threads[-1].start()
-            deadline = time.monotonic() + 10
-            while read.value("SELECT count(*) FROM handoff") < number + 1:
-                assert time.monotonic() < deadline, "the batch was not handed over"
-                time.sleep(0.02)
+        hand_over_in_turn(read, [partial(write, number) for number in range(len(EVENTS))], threads)
         # A batch whose writer's pid now names a later session, handed over last.
         with psycopg.connect(os.environ["ALLOC_LEDGER_TEST_PG"], autocommit=True) as later:
             later.execute(
