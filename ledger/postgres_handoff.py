@@ -99,9 +99,10 @@ HAND = (
 # most ``ROUND_BYTES`` (the oldest alone when it holds more), in order: a
 # running sum of their sizes, read without their events, so that batches past
 # the budget are neither locked nor fetched; they wait for the next round.
-# Batches the round still committing took (``committing``) are locked: they
-# are left out of the sum, and the lock skips them (and those that another
-# session holds: a writer taking its batch back).
+# Batches the round still committing took (``committing``: those it drops
+# too, their writer gone, which come back without their events) are locked:
+# they are left out of the sum, and the lock skips them (and those that
+# another session holds: a writer taking its batch back).
 TAKE = (
     "WITH waiting AS (SELECT id, row_number() OVER w AS nth, "
     "sum(octet_length(events)) OVER w AS held FROM handoff "
@@ -110,10 +111,10 @@ TAKE = (
     "taken AS (DELETE FROM handoff WHERE id IN (SELECT id FROM handoff WHERE id IN "
     "(SELECT id FROM waiting WHERE nth = 1 OR held <= %(budget)s) FOR UPDATE SKIP LOCKED) "
     "RETURNING id, batch, events, inline, pid, started) "
-    "SELECT t.id, t.batch, t.events, t.pid, t.inline FROM taken t "
-    "JOIN pg_stat_get_activity(NULL) a ON a.pid = t.pid "
-    "WHERE a.backend_start IS NULL OR t.started IS NULL OR a.backend_start = t.started "
-    "ORDER BY t.id"
+    "SELECT id, batch, CASE WHEN alive THEN events END, pid, inline, alive FROM ("
+    "SELECT t.*, a.pid IS NOT NULL AND (a.backend_start IS NULL OR t.started IS NULL "
+    "OR a.backend_start = t.started) AS alive FROM taken t "
+    "LEFT JOIN pg_stat_get_activity(NULL) a ON a.pid = t.pid) t ORDER BY id"
 )
 # The events a round takes, in bytes of their JSON as handed over: a leader
 # holds a round several times over while it decides and writes it (and the
@@ -550,13 +551,14 @@ class Handoff:
         try:
             held = self.in_round if committing is not None else []
             cursor.execute(TAKE, {"committing": held, "budget": ROUND_BYTES})
-            taken = cursor.fetchall()
-            self.in_round = [row[0] for row in taken]
+            rows = cursor.fetchall()
+            self.in_round = [row[0] for row in rows]
+            taken = [row for row in rows if row[5]]  # the others' writers are gone: dropped
             if not taken:
                 _wait(committing)
                 transaction.close()
                 return None
-            batches = [(key, orjson.loads(events), pid) for _, key, events, pid, _ in taken]
+            batches = [(key, orjson.loads(events), pid) for _, key, events, pid, _, _ in taken]
             events = [e for _, b, _ in batches for e in b]
             inline = any(row[4] for row in taken)  # a writer wants the projections inline
             ahead = committing is not None and not inline
