@@ -28,6 +28,7 @@ from ledger.model import (
     Rejection,
     Slot,
     placement,
+    rejected_json,
 )
 
 V = TypeVar("V")
@@ -166,7 +167,8 @@ class Cluster:
         """Keep a refused event in the rejection log."""
         entity = str(event.get("alloc") or event.get("node") or "")
         kind = str(event.get("type"))
-        self._rejections.append(Rejection(fact.position, kind, entity, reason, event, fact.at))
+        self._rejections.append(
+            Rejection(fact.position, kind, entity, reason, rejected_json(event), fact.at))
 
     def related(self, event: dict[str, Any]) -> list[str]:
         """Entities a refused event concerns beyond those it names: the node,

@@ -5,6 +5,7 @@ Plain data; the rules that change them live in ``ledger.domain``.
 
 from __future__ import annotations
 
+import json
 import re
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
@@ -156,8 +157,17 @@ class Rejection:
     type: str
     entity: str
     reason: str
-    event: dict[str, object]
+    # The refused event as the rejection log's ``event`` column holds it
+    # (``rejected_json``): a 1 MiB slot report is 1 MB so, 8 MB as a dict,
+    # and a replay holds every rejection until it writes them. (A checkpoint
+    # kept before 2026-11-28 holds the event itself.)
+    event: str | dict[str, object]
     at: str
+
+
+def rejected_json(event: str | dict[str, object]) -> str:
+    """A refused event in the rejection log's text form."""
+    return event if isinstance(event, str) else json.dumps(event)
 
 
 _ZERO = timedelta(0)

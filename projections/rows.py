@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 import orjson
 
 from ledger.domain import Changes, Cluster
-from ledger.model import AddressHold, Allocation, Node, Slot
+from ledger.model import AddressHold, Allocation, Node, Slot, rejected_json
 
 if TYPE_CHECKING:
     from ledger.store import Store
@@ -212,7 +212,7 @@ def changed_rows(changes: Changes) -> ChangedRows:
         ("insert_state", [(s.alloc, s.position, s.value, s.at) for s in changes.alloc_states]),
         (
             "insert_rejection",
-            [(r.position, r.type, r.entity, r.reason, json.dumps(r.event), r.at)
+            [(r.position, r.type, r.entity, r.reason, rejected_json(r.event), r.at)
              for r in changes.rejections],
         ),
     ]
