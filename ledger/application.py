@@ -18,7 +18,7 @@ from ledger.batches import batched, input_size
 from ledger.chain import GENESIS, link
 from ledger.collection import fewer_collections
 from ledger.domain import AlreadyPlaced, Cluster, touched_by
-from ledger.errors import InvalidEvent, LogEdited, RuleViolation
+from ledger.errors import InvalidEvent, LogEdited, LogEndsEarly, RuleViolation
 from ledger.model import RULES, Event, Fact, Receipt, answered, timestamp, valid_of
 from ledger.records import REJECTED, Record, decode, encode
 from ledger.retries import First, first
@@ -312,7 +312,9 @@ class Ledger:
         """The head, and whether a repair replaced projection tables since
         this last looked (``ledger.store.count_repair``): what the caches
         loaded from them before may be what it repaired."""
-        head, count = self.store.head_and_repairs(cursor)
+        head, count, applied = self.store.head_and_repairs(cursor)
+        if applied > head:  # appended below it, an event would never reach the tables
+            raise LogEndsEarly(head, applied, "applied")
         seen, self._repairs = self._repairs, count
         repaired = seen is not None and seen != count
         if repaired:

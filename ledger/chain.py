@@ -323,6 +323,22 @@ def rows_beside(store: Store, cursor: Any, head: int) -> Break | None:
     return None
 
 
+def applied_beyond(store: Store, cursor: Any, head: int) -> Break | None:
+    """The projection tables' tracking row past the head: they applied events
+    the log no longer holds, its last ones deleted with their hashes (which
+    the chain alone cannot tell from a shorter log). Not checked where the
+    role may not read the tracking row."""
+    _, applied = store.known_end(cursor)
+    if applied > head:
+        return Break(
+            head + 1,
+            f"the log ends at position {head}, but the projection tables have applied it up "
+            f"to position {applied}: its last events were deleted (or the tracking row was "
+            "raised by hand: alloc-ledger replay --repair sets it to the log's head)",
+        )
+    return None
+
+
 def verify(store: Store, digest: Digest | None = None) -> Verification:
     """Recompute the chain over the whole log; name the first position that
     does not match, or prove the log extends ``digest``."""
@@ -333,7 +349,8 @@ def verify(store: Store, digest: Digest | None = None) -> Verification:
         events = (
             (e.originator_version, e.topic, bytes(e.state)) for e in store.read_log(0, head)
         )
-        found = check.run(events, kept_hashes(store, cursor)) or rows_beside(store, cursor, head)
+        found = (check.run(events, kept_hashes(store, cursor)) or rows_beside(store, cursor, head)
+                 or applied_beyond(store, cursor, head))
         guards = store.guards(cursor)
     seconds = time.perf_counter() - started
     if found is None:

@@ -88,7 +88,8 @@ HEAD = ("SELECT last, (SELECT hash FROM event_hashes WHERE position = last) FROM
         "(SELECT MAX(originator_version) AS last FROM stored_events "
         "WHERE originator_id = %s) head")
 HEAD_AND_REPAIRS = HEAD.replace(
-    " FROM (", f", (SELECT notification_id FROM {TRACKING} WHERE application_name = %s) FROM (", 1)
+    " FROM (", f", (SELECT notification_id FROM {TRACKING} WHERE application_name = %s), "
+    f"(SELECT MAX(notification_id) FROM {TRACKING} WHERE application_name = %s) FROM (", 1)
 STATE_PREFIX = tables.STATE_PREFIX
 # A page of the log: ``PAGE`` events, or fewer: up to the one at which their
 # stored bytes reach ``PAGE_BYTES``. The page's sizes are summed first, and
@@ -922,10 +923,12 @@ class PostgresStore:
         needs it); the log's tables alone (a role may read only those: an auditor's)."""
         return self._read_head(cursor, HEAD, (self.stream,))[0]
 
-    def head_and_repairs(self, cursor: Any) -> tuple[int, int]:
-        """``head``, and the count of repairs, in the same round trip (a writer's)."""
-        head, repairs = self._read_head(cursor, HEAD_AND_REPAIRS, (REPAIRS, self.stream))
-        return head, int(repairs or 0)
+    def head_and_repairs(self, cursor: Any) -> tuple[int, int, int]:
+        """``head``, the count of repairs and the position the projection
+        tables have applied, in the same round trip (a writer's)."""
+        head, repairs, applied = self._read_head(
+            cursor, HEAD_AND_REPAIRS, (REPAIRS, PROJECTIONS, self.stream))
+        return head, int(repairs or 0), int(applied or 0)
 
     def _read_head(self, cursor: Any, query: str, params: tuple[Any, ...]) -> list[Any]:
         """The head (kept with its chain hash for the next append), then what

@@ -499,14 +499,15 @@ class SQLiteStore:
         )
         return cursor.fetchone()[0] or 0
 
-    def head_and_repairs(self, cursor: Any) -> tuple[int, int]:
+    def head_and_repairs(self, cursor: Any) -> tuple[int, int, int]:
         cursor.execute(
             "SELECT (SELECT MAX(originator_version) FROM stored_events WHERE originator_id = ?), "
-            "(SELECT notification_id FROM tracking WHERE application_name = ?)",
-            (self.stream, REPAIRS),
+            "(SELECT notification_id FROM tracking WHERE application_name = ?), "
+            "(SELECT MAX(notification_id) FROM tracking WHERE application_name = ?)",
+            (self.stream, REPAIRS, PROJECTIONS),
         )
-        head, repairs = cursor.fetchone()
-        return head or 0, repairs or 0
+        head, repairs, applied = cursor.fetchone()
+        return head or 0, repairs or 0, applied or 0
 
     def hash_at(self, cursor: Any, position: int) -> str | None:
         cursor.execute("SELECT hash FROM event_hashes WHERE position = ?", (position,))

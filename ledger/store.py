@@ -145,9 +145,10 @@ class Store(Protocol):
     def head(self, cursor: Any) -> int:
         """The position of the last event in the log (0 when empty)."""
 
-    def head_and_repairs(self, cursor: Any) -> tuple[int, int]:
-        """The head, and how many repairs have replaced projection tables
-        (``count_repair``), read at once: a writer checks both per batch."""
+    def head_and_repairs(self, cursor: Any) -> tuple[int, int, int]:
+        """The head, how many repairs have replaced projection tables
+        (``count_repair``), and the position the projection tables have
+        applied, read at once: a writer checks them per batch."""
 
     def write_kept(
         self, cursor: Any, sql: Any, events: list[LoggedEvent], hashes: list[tuple[int, str]],

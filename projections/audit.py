@@ -18,7 +18,8 @@ report keeps what happened inside the range:
 
 Episodes (reconnects, zombies, holds, suspects) are reported when they
 overlap the range; one still going at the end of the range has no end and
-its duration runs to the range's last event (``ongoing``).
+its duration runs to the latest ``at`` up to the range's end (``ongoing``),
+the time ``needs-reconnect --as-of`` judges deadlines at there.
 """
 
 from __future__ import annotations
@@ -137,7 +138,9 @@ class Auditor:
         replay(self.cluster, record)
         changes = self.cluster.take_changes()
         at, position = record.event["at"], record.position
-        self.last_at = at
+        # the point's time, as --as-of POSITION judges it: the latest ``at``
+        # so far, not the last event's (events may come out of time order)
+        self.last_at = max(self.last_at, at)
         if record.rejected:
             self._note("rejections", position, {
                 "position": position, "at": at, "type": record.event.get("type"),

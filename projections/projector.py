@@ -43,6 +43,8 @@ class Projector:
         seconds; return the (from, to) positions."""
         with self.store.reading() as cursor:
             start, head = self.store.tracked(cursor), self.store.head(cursor)
+        if start > head:  # applied past the log's end: its last events were deleted
+            raise LogEndsEarly(head, start, "applied")
         if start >= head:
             return start, head
         with self.store.projecting(waits) as cursor:
@@ -62,6 +64,8 @@ class Projector:
         appended_here = head is not None  # by the writer calling, in this transaction
         if head is None:
             head = self.store.head(cursor)
+        if tracked > head:
+            raise LogEndsEarly(head, tracked, "applied")
         if limit is not None:
             head = min(head, tracked + limit)
         if tracked >= head:

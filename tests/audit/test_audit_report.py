@@ -227,3 +227,34 @@ def test_a_reconnect_that_ends_at_its_deadline_is_past_it(under_test: StoreUnder
 
     assert (reconnect["outcome"], reconnect["seconds"], reconnect["past_deadline"]) == (
         "lost", 60.0, True)
+
+
+def test_an_ongoing_reconnect_is_past_its_deadline_where_needs_reconnect_says_expired(
+    under_test: StoreUnderTest,
+) -> None:
+    """docs/audit.md: past_deadline is judged "as needs-reconnect says expired";
+    docs/queries.md: needs-reconnect --as-of P judges at the latest `at` up to
+    P. A last event carrying an earlier `at` (allowed) must not make the audit
+    of the same range call an expired deadline not reached."""
+    with Ledger.open(under_test.url) as ledger:
+        for seconds, event in [
+            (0, {"type": "node-registered", "node": "n1", "slots": 1}),
+            (0, {"type": "node-registered", "node": "n2", "slots": 1}),
+            (1, {"type": "heartbeat", "node": "n1"}),
+            (2, {"type": "alloc-placed", "alloc": "a1", "node": "n1", "slot": 0,
+                 "max_disconnect": 60}),
+            (3, {"type": "alloc-updated", "alloc": "a1", "client_status": "running"}),
+            (10, {"type": "heartbeat-missed", "node": "n1"}),  # 6: a1 unknown, deadline 70
+            (1800, {"type": "heartbeat", "node": "n2"}),  # 7
+            (15, {"type": "heartbeat", "node": "n2"}),  # 8: a late report
+        ]:
+            assert ledger.submit(json.dumps(event | {"at": at(seconds)})).status == "appended"
+
+    result = CliRunner().invoke(cli, ["--store", under_test.url, "query", "needs-reconnect",
+                                      "--as-of", "8", "--format", "json"])
+    assert result.exit_code == 0, result.output
+    assert [row["expired"] for row in json.loads(result.stdout)] == [True]
+
+    reconnect = audited(under_test)["reconnects"][0]
+
+    assert (reconnect["ongoing"], reconnect["past_deadline"]) == (True, True), reconnect

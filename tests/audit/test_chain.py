@@ -39,10 +39,13 @@ from projections.asof import AsOf, rebuild
 TRIALS = {"sqlite": 60, "postgresql": 40}
 
 
-def tamper(attacker: Attacker, rng: random.Random, head: int) -> tuple[str, int | None, int]:
+def tamper(
+    attacker: Attacker, rng: random.Random, head: int, applied: int
+) -> tuple[str, int | None, int]:
     """One random tampering: (what was done, the first position plain
     ``verify`` must name or None when only a digest can tell, the position a
-    digest of the untouched head must name)."""
+    digest of the untouched head must name). A cut tail is named by plain
+    ``verify`` where the projection tables applied past it (``applied``)."""
     kind = rng.choice(
         ["edit", "delete", "insert", "swap", "drop_hash", "extra_hash", "edit_hash",
          "rewrite", "truncate"]
@@ -72,7 +75,8 @@ def tamper(attacker: Attacker, rng: random.Random, head: int) -> tuple[str, int 
     else:
         count = rng.randint(1, 5)
         attacker.truncate(count)
-        return f"truncate {count}", None, head - count + 1
+        cut = head - count + 1
+        return f"truncate {count}", cut if applied >= cut else None, cut
     return f"{kind} {position}", position, position
 
 
@@ -109,11 +113,13 @@ def test_random_tampering_is_always_detected_at_the_first_changed_position(
 ) -> None:
     target, store, digest, attacker = attack.target, attack.store, attack.digest, attack.attacker
     attacker.keep()
+    with store.reading() as cursor:
+        applied = store.known_end(cursor)[1]  # what the projection tables have applied
     rng = random.Random(20260101)
     missed = []
     for trial in range(TRIALS[target.dialect]):
         attacker.restore()
-        what, plain, with_digest = tamper(attacker, rng, digest.position)
+        what, plain, with_digest = tamper(attacker, rng, digest.position, applied)
         found = verify(store)
         if plain is None:
             if not found.ok:
@@ -828,3 +834,55 @@ def test_a_role_that_may_read_only_the_log_can_still_verify_it(pg_under_test: St
     assert json.loads(checked.stdout)["verified"] == 20
     assert audited.returncode == 0, audited.stderr
     assert json.loads(audited.stdout)["to"] == 20
+
+
+def test_verify_does_not_pass_a_log_cut_below_what_the_tables_applied(attack: Attack) -> None:
+    """replay says "its last events were deleted ...; alloc-ledger verify checks
+    whether the log was edited": verify, run on that advice, must not answer
+    ok with exit 0 when the ledger's own tracking row shows the cut."""
+    assert run("project", url=attack.target.url).returncode == 0
+    attack.attacker.truncate(2)
+
+    replayed = run("replay", url=attack.target.url)
+    assert replayed.returncode == 1
+    assert "verify checks whether the log was edited" in one_line_error(replayed.stderr)
+
+    verified = run("verify", url=attack.target.url)
+
+    assert verified.returncode == 1, verified.stdout
+    assert json.loads(verified.stdout)["ok"] is False
+
+
+def test_project_over_a_log_cut_below_the_tables_does_not_report_success(attack: Attack) -> None:
+    """replay, audit and --as-of refuse a log that ends before what the tables
+    applied; project printed {"from": 240, "to": 238, "applied": -2}, exit 0."""
+    assert run("project", url=attack.target.url).returncode == 0
+    attack.attacker.truncate(2)  # the log now ends at 238; the tables applied 240
+
+    projected = run("project", url=attack.target.url)
+
+    assert projected.returncode == 1, projected.stdout
+    assert "before position 240, which the projection tables have applied" in one_line_error(
+        projected.stderr)
+
+
+def test_an_event_appended_after_a_cut_is_not_silently_missing_from_queries(
+    attack: Attack,
+) -> None:
+    """On PostgreSQL the writers accept the next event at position 239, which the
+    tables count as applied: it never reaches them, and `query nodes` leaves it
+    out with exit 0 and no lag line. Either refuse the append or the answer."""
+    assert run("project", url=attack.target.url).returncode == 0
+    attack.attacker.truncate(2)
+
+    submitted = run("submit", "node-registered", "--node", "late", "--slots", "1",
+                    url=attack.target.url)
+    if submitted.returncode != 0:  # refusing the append is one right answer (SQLite does)
+        assert b"Traceback" not in submitted.stderr
+        return
+    run("project", url=attack.target.url)
+    asked = run("query", "nodes", "--format", "json", url=attack.target.url)
+
+    shown = asked.returncode == 0 and any(
+        row["node"] == "late" for row in json.loads(asked.stdout))
+    assert shown or asked.returncode != 0, "node late is missing and the answer exits 0"

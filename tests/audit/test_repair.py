@@ -211,12 +211,16 @@ def test_repair_of_a_view_redefined_by_hand_leaves_no_difference(
 
 def test_repair_lowers_a_tracking_row_raised_past_the_head(under_test: StoreUnderTest) -> None:
     """A projector only ever raises the tracking position; one raised past the
-    head by hand stops every submit, and a repair sets it to the head."""
+    head by hand stops every submit, saying how to repair it (on either store:
+    PostgreSQL's writers appended events the tables would never apply, and
+    SQLite's failed to record the tracking position, exit 3), and a repair
+    sets it to the head."""
     told(under_test, 300)
     under_test.sql(f"UPDATE tracking SET notification_id = 305 {PROJECTIONS}")
-    if under_test.dialect == "sqlite":  # its writers record the tracking position too
-        stuck = run("submit", "heartbeat", "--node", "n00001", url=under_test.url)
-        assert stuck.returncode == 3, stuck.stderr
+    stuck = run("submit", "heartbeat", "--node", "n00001", url=under_test.url)
+    assert stuck.returncode == 1, stuck.stderr
+    assert b"before position 305, which the projection tables have applied" in stuck.stderr
+    assert b"alloc-ledger replay --repair sets it to the log's head" in stuck.stderr
 
     report, said = repaired(under_test)
 
