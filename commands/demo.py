@@ -34,7 +34,7 @@ def answer(store: Store, ask: Ask) -> list[dict[str, Any]] | dict[str, Any]:
         assert ask.target is not None
         return history(store, ask.target)
     with store.reading() as cursor:
-        queries = Queries(cursor, store.param, store.name_order)
+        queries = Queries.of(store, cursor)
         if ask.query == "needs-reconnect":
             assert ask.now is not None, "the demo judges deadlines at a fixed time"
             return queries.needs_reconnect(timestamp(datetime.fromisoformat(ask.now)))

@@ -84,7 +84,7 @@ def answering(ctx: click.Context, as_of: str | None) -> Iterator[Answering]:
                 click.echo(f"lag: {counted(head - tracked, 'position')} behind the log (the "
                            f"answer is as of position {tracked} of {head})", err=True)
             # "not in the ledger" is then said of that position, not of the log
-            yield Answering(Queries(cursor, store.param, store.name_order), tracked if head > tracked else None, None)
+            yield Answering(Queries.of(store, cursor), tracked if head > tracked else None, None)
 
 
 def _within_the_log(store: Store, point: AsOf) -> None:

@@ -41,6 +41,11 @@ class Queries:
         self.p = param
         self.c = name_order  # names are ordered by code point, whatever the database's collation
 
+    @classmethod
+    def of(cls, store: Any, cursor: Any) -> Queries:
+        """Queries through a cursor of ``store``, in its placeholders and name order."""
+        return cls(cursor, store.param, store.name_order)
+
     def _rows(self, statement: str, params: tuple[Any, ...] = ()) -> list[dict[str, Any]]:
         self.cursor.execute(statement, params)
         names = [d[0] for d in self.cursor.description]

@@ -652,7 +652,7 @@ print(json.dumps({"position": position, "rebuild_seconds": rebuilt - started,
             store = open_store(url, create=False)
             try:
                 with store.reading() as cursor:
-                    ask(Queries(cursor, store.param, store.name_order))
+                    ask(Queries.of(store, cursor))
             finally:
                 store.close()
 
