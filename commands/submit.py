@@ -9,8 +9,8 @@ import stat
 import sys
 import time
 from collections import Counter, deque
-from collections.abc import Iterator
-from contextlib import suppress
+from collections.abc import Generator, Iterator
+from contextlib import closing, contextmanager, suppress
 from typing import IO, Any
 
 import click
@@ -89,8 +89,11 @@ def submit(ctx: click.Context, source: str, quiet: bool, batch: int) -> None:
                            "Ctrl-D ends", err=True)
         # Held outermost: a signal while the store closes on the way out
         # (after another) does not replace what the first one says.
-        with Held().installed() as held, Ledger.open(store_of(ctx)) as ledger:
-            results = _then_closed(ledger, _stream(ledger, stream, batch, held))
+        with (
+            Held().installed() as held,
+            Ledger.open(store_of(ctx)) as ledger,
+            _closed_on_error(_then_closed(ledger, _stream(ledger, stream, batch, held))) as results,
+        ):
             counts = _print(results, quiet, sys.stderr.isatty(), held)
         if not any(counts.values()):  # a producer that died before writing looks like this
             click.echo(f"no events in {'stdin' if source == '-' else source}", err=True)
@@ -118,11 +121,33 @@ def _submit_one(ctx: click.Context, event_type: str, quiet: bool) -> Counter[str
     one while the store closes after it says what became of it."""
     flags = _pairs(ctx.args)
     decided: list[Receipt] = []
-    with Held("the event").installed() as held:
+    with (
+        Held("the event").installed() as held,
+        _closed_on_error(_one_result(ctx, event_type, flags, held, decided)) as results,
+    ):
         try:
-            return _print(_one_result(ctx, event_type, flags, held, decided), quiet, False, held)
+            return _print(results, quiet, False, held)
         except Interrupted as stop:
             raise Interrupted(_became(decided, stop.settled), stop.terminated) from None
+
+
+# Batches of numbered receipts, printed as they come; closed if not read to the end.
+Results = Generator[list[tuple[int, Receipt]], None, None]
+
+
+@contextmanager
+def _closed_on_error(results: Results) -> Iterator[Results]:
+    """``results``, closed at once if the command stops before it is read to
+    the end (a signal, a failure): what it holds open (the one-shot's store,
+    a stream's writer thread and the collector's settings) ends with the
+    command, not whenever the cyclic garbage collector gets to it. A second
+    signal while it closes does not replace what the first one says."""
+    try:
+        yield results
+    except BaseException:
+        with suppress(KeyboardInterrupt):
+            results.close()
+        raise
 
 
 def _became(decided: list[Receipt], settled: bool) -> str:
@@ -139,7 +164,7 @@ def _became(decided: list[Receipt], settled: bool) -> str:
 def _one_result(
     ctx: click.Context, event_type: str, flags: dict[str, str], held: Held,
     decided: list[Receipt],
-) -> Iterator[list[tuple[int, Receipt]]]:
+) -> Results:
     """The event's result (kept in ``decided`` too), then the store closed
     while it is printed, as ``_then_closed`` closes a stream's."""
     try:
@@ -243,9 +268,7 @@ def _size(numbered: tuple[int, Any]) -> int:
     return 0 if line is TOO_LONG else len(line)
 
 
-def _then_closed(
-    ledger: Ledger, results: Iterator[list[tuple[int, Receipt]]]
-) -> Iterator[list[tuple[int, Receipt]]]:
+def _then_closed(ledger: Ledger, results: Iterator[list[tuple[int, Receipt]]]) -> Results:
     """The results, then the store closed while they are still being
     printed: a signal while it closes (SQLite folds its write-ahead log back
     then, a while after a large stream) says what was kept, as one between
@@ -361,14 +384,16 @@ def _decide_all(
         taken.append(_numbers(pending))
         return _submitted(pending)
 
-    decided = ledger.submit_batches(map(handed, batches))
-    while True:
-        with held.holding():
-            receipts = next(decided, None)
-        if receipts is None:
-            held.release()  # every batch came back: nothing is with the store
-            return
-        yield _paired(taken.popleft(), receipts)
+    # Closed at once if a signal lands here, between two of its batches: it
+    # holds a writer thread and the collector's settings.
+    with closing(ledger.submit_batches(map(handed, batches))) as decided:
+        while True:
+            with held.holding():
+                receipts = next(decided, None)
+            if receipts is None:
+                held.release()  # every batch came back: nothing is with the store
+                return
+            yield _paired(taken.popleft(), receipts)
 
 
 def _result_line(number: int, receipt: Receipt) -> str:

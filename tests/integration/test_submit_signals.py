@@ -11,12 +11,14 @@ the store, so it lands where a user's Ctrl-C would be most costly.
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import signal
+import threading
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import closing, contextmanager
 from pathlib import Path
 from typing import IO, Any
 
@@ -44,10 +46,10 @@ def signalled_at_batch(monkeypatch: pytest.MonkeyPatch, signum: int, times: int)
     submitted = Ledger.submit_batches
 
     def with_signal(ledger: Ledger, batches: Any) -> Iterator[Any]:
-        decided = submitted(ledger, batches)
-        yield next(decided)
-        _signal_self(signum, times)
-        yield from decided
+        with closing(submitted(ledger, batches)) as decided:  # as a caller would close it
+            yield next(decided)
+            _signal_self(signum, times)
+            yield from decided
 
     monkeypatch.setattr(Ledger, "submit_batches", with_signal)
 
@@ -221,6 +223,62 @@ def test_a_signal_while_one_event_is_with_the_store_waits_for_its_result_and_nam
     monkeypatch.undo()
     again_result = invoke(["--store", store_url, "submit", *ONE_SHOT])
     assert json.loads(again_result.stdout)["status"] == "duplicate"
+
+
+@contextmanager
+def collected_only_by_reference() -> Iterator[None]:
+    """The cyclic garbage collector off: what a command leaves to it stays as
+    it was left (it would run at a moment nobody chose, in a later command)."""
+    gc.disable()
+    try:
+        yield
+    finally:
+        gc.enable()
+
+
+def test_a_one_shot_stopped_after_its_result_has_closed_its_store_when_it_returns(
+    store_url, monkeypatch
+):
+    """The event is committed, the signal raised once its result is printed:
+    the store is closed as the command ends, not left open to the collector
+    (which closed it inside whatever ran next; with that command's handlers)."""
+    invoke(["--store", store_url, "submit", "node-registered", "--node", "n1"])
+    opened: list[Ledger] = []
+    opening = Ledger.open
+
+    def recorded(*args: Any, **kwargs: Any) -> Ledger:
+        opened.append(opening(*args, **kwargs))
+        return opened[-1]
+
+    monkeypatch.setattr(Ledger, "open", recorded)
+    signalled_at_one_event(monkeypatch, signal.SIGINT, times=1)
+
+    with collected_only_by_reference():
+        result = invoke(["--store", store_url, "submit", *ONE_SHOT], code=130)
+        closed = [ledger._closed for ledger in opened]
+
+    assert json.loads(result.stdout)["status"] == "appended"
+    assert closed == [True]
+
+
+def test_a_stream_stopped_by_a_signal_leaves_no_writer_thread_nor_collector_settings(
+    store_url, tmp_path, monkeypatch
+):
+    """Where the store decides a batch while the last commits, a writer thread
+    runs and the collector runs less often; a stream stopped between two
+    batches ends both as the command ends."""
+    signalled_at_batch(monkeypatch, signal.SIGINT, times=1)
+    source = tmp_path / "events.jsonl"
+    source.write_text(TEXT)
+    before = (gc.get_threshold(), set(threading.enumerate()))
+
+    with collected_only_by_reference():
+        result = invoke(["--store", store_url, "submit", str(source), "--batch", "2"], code=130)
+        threads = {t.name for t in set(threading.enumerate()) - before[1]}
+        after = (gc.get_threshold(), threads)
+
+    assert "every line up to 4 was decided" in result.stderr, result.stderr
+    assert after == (before[0], set())
 
 
 def test_a_second_signal_leaves_one_event_kept_or_not_and_says_so(store_url, monkeypatch):
