@@ -24,10 +24,9 @@ import sys
 import threading
 from collections.abc import Iterable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
-from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
-from ledger.collection import fewer_collections
+from ledger.collection import ProcessSetting, fewer_collections
 from ledger.model import Event, Receipt, answered, valid_of
 
 if TYPE_CHECKING:
@@ -41,15 +40,9 @@ if TYPE_CHECKING:
 SWITCH_INTERVAL = 0.00005
 
 
-@contextmanager
-def prompt_switches() -> Iterator[None]:
-    """Hand the GIL between threads more often until the block ends."""
-    before = sys.getswitchinterval()
-    sys.setswitchinterval(min(before, SWITCH_INTERVAL))
-    try:
-        yield
-    finally:
-        sys.setswitchinterval(before)
+# Hand the GIL between threads more often while a stream is written.
+prompt_switches = ProcessSetting(
+    sys.getswitchinterval, sys.setswitchinterval, lambda before: min(before, SWITCH_INTERVAL)).held
 
 
 class InFlight:

@@ -596,9 +596,9 @@ def test_a_store_lost_mid_stream_says_how_far_it_got(tmp_path, url, monkeypatch)
     submitted = Ledger.submit_batches
 
     def lost_after_one_batch(ledger, batches):
-        receipts = submitted(ledger, batches)
-        yield next(receipts)
-        raise StoreUnavailable(f"store {url}: server closed the connection unexpectedly")
+        with closing(submitted(ledger, batches)) as receipts:  # as a caller would close it
+            yield next(receipts)
+            raise StoreUnavailable(f"store {url}: server closed the connection unexpectedly")
 
     monkeypatch.setattr(Ledger, "submit_batches", lost_after_one_batch)
     result = invoke(store(url, "submit", str(source), "--batch", "2"), code=3)

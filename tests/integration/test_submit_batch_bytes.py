@@ -11,6 +11,7 @@ import os
 import signal
 import time
 from collections.abc import Iterator
+from contextlib import closing
 from pathlib import Path
 from typing import Any
 
@@ -87,11 +88,11 @@ def test_a_batch_cut_by_bytes_is_one_transaction(store_url, tmp_path, monkeypatc
     submit_batches = Ledger.submit_batches
 
     def interrupted_at_the_second(ledger: Ledger, batches: Any) -> Iterator[Any]:
-        decided = submit_batches(ledger, batches)
-        yield next(decided)
-        os.kill(os.getpid(), signal.SIGINT)
-        time.sleep(0.01)  # its handler runs before the second batch's receipts come
-        yield from decided
+        with closing(submit_batches(ledger, batches)) as decided:  # as a caller would close it
+            yield next(decided)
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(0.01)  # its handler runs before the second batch's receipts come
+            yield from decided
 
     monkeypatch.setattr(Ledger, "submit_batches", interrupted_at_the_second)
     result = submitted(store_url, "file", tmp_path, code=130)
@@ -110,9 +111,9 @@ def test_running_out_of_memory_says_what_was_kept(tmp_path, monkeypatch):
     submit_batches = Ledger.submit_batches
 
     def out_of_memory_at_the_second(ledger: Ledger, batches: Any) -> Iterator[Any]:
-        decided = submit_batches(ledger, batches)
-        yield next(decided)
-        raise MemoryError
+        with closing(submit_batches(ledger, batches)) as decided:
+            yield next(decided)
+            raise MemoryError
 
     monkeypatch.setattr(Ledger, "submit_batches", out_of_memory_at_the_second)
     result = submitted(f"sqlite:///{tmp_path}/ledger.db", "file", tmp_path, code=1)
