@@ -73,7 +73,8 @@ def replay(ctx: click.Context, to: int | None, repair: bool, fmt: str | None) ->
             "--repair replaces the live tables with the replay at the head of the log; "
             "--to compares with the state at a position: give one of them")
     with opened(ctx) as store:
-        report = repair_projections(store) if repair else replay_projections(store, to)
+        report = (repair_projections(store, waiting=lambda line: click.echo(line, err=True))
+                  if repair else replay_projections(store, to))
     emit_object(report.as_dict(), fmt)
     if report.repaired is not None:
         count = len(report.differences)

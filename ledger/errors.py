@@ -19,6 +19,16 @@ class LockWaitedOut(StoreUnavailable):
     """Another transaction held a lock longer than this one would wait."""
 
 
+class RelationsBusy(LockWaitedOut):
+    """A table or view a repair makes again is locked by another session (a
+    reporting tool's open transaction): the repair lets the log's lock go,
+    so writers go on, and tries again."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.relations: list[str] = []  # those it was making again, where known
+
+
 class NeedsNewerRelease(StoreUnavailable):
     """A store a newer alloc-ledger wrote what this one cannot use: no wait or
     reconnection brings it back, only an upgrade."""

@@ -37,7 +37,14 @@ from psycopg.generators import send
 from psycopg.rows import dict_row, tuple_row
 
 from ledger import postgres_access, postgres_writes
-from ledger.errors import GrantRefused, LockWaitedOut, MadeByNewer, StoreUnavailable, first_few
+from ledger.errors import (
+    GrantRefused,
+    LockWaitedOut,
+    MadeByNewer,
+    RelationsBusy,
+    StoreUnavailable,
+    first_few,
+)
 from ledger.postgres_handoff import TABLES as HANDOFF_TABLES
 from ledger.postgres_handoff import TRACKING_HELD, Handoff, connection_lost, waited_for_tracking
 from ledger.postgres_preload import (
@@ -149,6 +156,21 @@ BOUNDED = (
     f"{KEYS_ONLY}, set_config('lock_timeout', %s, true), "
     "set_config('idle_in_transaction_session_timeout', %s, true)"
 )
+
+SET_LOCK_TIMEOUT = "SELECT set_config('lock_timeout', %s, true)"
+# How long a repair, holding the log's lock, waits for a lock another session
+# holds on a table or view it makes again, before it lets the log go.
+BRIEF_LOCK = 0.2
+# Who holds a lock on which of the ledger's relations (a repair's error names them).
+HOLDERS = """
+SELECT DISTINCT c.relname, a.pid, coalesce(a.application_name, ''), coalesce(a.state, '')
+FROM pg_locks l
+JOIN pg_class c ON c.oid = l.relation
+JOIN pg_namespace n ON n.oid = c.relnamespace
+JOIN pg_stat_activity a ON a.pid = l.pid
+WHERE l.granted AND l.pid <> pg_backend_pid() AND n.nspname = %s AND c.relname = ANY(%s)
+ORDER BY c.relname, a.pid
+"""
 
 APPEND_ONLY = [
     """CREATE TABLE IF NOT EXISTS event_ids (id TEXT PRIMARY KEY, position BIGINT NOT NULL)""",
@@ -1055,6 +1077,37 @@ class PostgresStore:
             yield wait
         finally:
             connection.close()
+
+    @contextmanager
+    def changing(self, cursor: Any) -> Iterator[None]:
+        """Relations made again while this transaction holds the log's lock
+        (a repair): a lock a reader holds on one (a reporting tool idle in
+        its transaction) is waited for ``BRIEF_LOCK`` seconds, then
+        ``RelationsBusy``: the caller lets the log's lock go, so writers are
+        not held up behind a reader, and tries again."""
+        cursor.execute(SET_LOCK_TIMEOUT, (_ms(BRIEF_LOCK),))
+        try:
+            yield
+        except psycopg.errors.LockNotAvailable as error:
+            raise RelationsBusy(f"store {self.shown}: a projection table or view is "
+                                "locked by another session") from error
+        cursor.execute(SET_LOCK_TIMEOUT, (_ms(self.lock_wait),))
+
+    def holders(self, relations: list[str]) -> list[str]:
+        """Other sessions holding a lock on these tables or views (none given:
+        any projection table or view): which, and who (pid, application,
+        state), as ``pg_stat_activity`` says."""
+        names = relations or [*tables.REPORTED, *(self.state_prefix + t for t in tables.TABLES)]
+        with self.datastore.get_connection() as connection:
+            rows = connection.cursor(row_factory=tuple_row).execute(
+                HOLDERS, (self.schema, names)).fetchall()
+        held: dict[str, list[str]] = {}
+        for relation, pid, application, state in rows:
+            who = f"pid {pid}" + (f" {application!r}" if application else "") + (
+                f", {state}" if state else "")
+            if who not in held.setdefault(relation, []):
+                held[relation].append(who)
+        return [f"{relation} (held by {'; '.join(who)})" for relation, who in held.items()]
 
     def keeping_grants(self, cursor: Any) -> Any:
         """Projection tables and views made again or redefined inside are

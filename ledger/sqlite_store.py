@@ -456,6 +456,13 @@ class SQLiteStore:
         the writers' own (``BEGIN IMMEDIATE``)."""
         return self.writing()
 
+    def changing(self, cursor: Any) -> Any:
+        """Readers never hold a lock a repair waits for (write-ahead log)."""
+        return nullcontext()
+
+    def holders(self, relations: list[str]) -> list[str]:
+        return []
+
     def keeping_grants(self, cursor: Any) -> Any:
         """SQLite has no grants: whoever may read the file reads every table."""
         return nullcontext()

@@ -123,6 +123,17 @@ class Store(Protocol):
     def reading(self) -> AbstractContextManager[Any]:
         """A read-only transaction with a consistent view."""
 
+    def changing(self, cursor: Any) -> AbstractContextManager[None]:
+        """Tables and views made again in a transaction that holds the log's
+        lock (a repair): a lock another session holds on one is waited for
+        only briefly, then ``RelationsBusy`` (the caller lets the log go)."""
+        ...
+
+    def holders(self, relations: list[str]) -> list[str]:
+        """Other sessions holding a lock on these tables or views (none given:
+        any projection table or view), described."""
+        ...
+
     def keeping_grants(self, cursor: Any) -> AbstractContextManager[None]:
         """Around making projection tables and views again in a transaction:
         each one made again (dropped by hand before, or inside) or redefined

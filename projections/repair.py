@@ -20,9 +20,11 @@ PostgreSQL, one dropped by hand gets what the others share, so the roles
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable
 from typing import Any
 
-from ledger.errors import LedgerError
+from ledger.errors import LedgerError, LockWaitedOut, RelationsBusy
 from ledger.store import Store, count_repair
 from projections import tables
 from projections.replay import (
@@ -46,19 +48,53 @@ class RepairIncomplete(LedgerError):
             f"the repair left {len(differences)} difference(s) in {named}; nothing was changed")
 
 
-def repair(store: Store) -> ReplayReport:
+def repair(store: Store, waiting: Callable[[str], None] | None = None) -> ReplayReport:
     """Replay the log and make the live tables (and PostgreSQL's decision
-    tables) what it gives, where they differ; the report of what differed."""
+    tables) what it gives, where they differ; the report of what differed.
+    A table or view to make again that another session holds (a reporting
+    tool's open transaction) is waited for with the log's lock let go, so
+    writers go on, up to the store's lock wait; ``waiting`` is told once."""
+    busy = Busy(store, waiting)
     with scratch_tables(store) as scratch:
         while True:
             with store.reading() as cursor:
                 head = store.head(cursor)
             scratch.replay_to(ahead(head, scratch, "the head of the log"))
-            report = _replaced(store, scratch)
+            try:
+                report = _replaced(store, scratch)
+            except RelationsBusy as error:
+                busy.wait(error.relations)
+                continue
             if report is not None:
                 break
     report.events, report.seconds = scratch.position, scratch.seconds
     return report
+
+
+class Busy:
+    """A repair's wait for tables or views another session holds: a try
+    every ``RETRY`` seconds until the store's lock wait is over, then
+    ``LockWaitedOut`` naming what is held, and by whom."""
+
+    RETRY = 0.25
+
+    def __init__(self, store: Store, waiting: Callable[[str], None] | None) -> None:
+        self.store, self.waiting = store, waiting
+        self.since: float | None = None
+
+    def wait(self, relations: list[str]) -> None:
+        held = ", ".join(self.store.holders(relations)) or "a projection table or view"
+        if self.since is None:
+            self.since = time.monotonic()
+            if self.waiting is not None:
+                self.waiting(f"waiting for {held}, which the repair makes again; writers go on "
+                             f"meanwhile (it gives up after {self.store.lock_wait:g} s)")
+        elif time.monotonic() - self.since >= self.store.lock_wait:
+            raise LockWaitedOut(
+                f"gave up waiting for a lock after {self.store.lock_wait:g} s on {held}, which "
+                "the repair makes again: end that session's transaction (a reporting tool's, "
+                "left open?) and repair again; nothing was changed")
+        time.sleep(self.RETRY)
 
 
 def _replaced(store: Store, scratch: Scratch) -> ReplayReport | None:
@@ -71,13 +107,19 @@ def _replaced(store: Store, scratch: Scratch) -> ReplayReport | None:
         tracked = store.tracked(cursor)
         report = ReplayReport(head, head, _compared_with(store, tracked, head), repairing=True)
         for prefix, relations in _relations(store):
-            # A table dropped by hand made again, empty for now; not yet its
-            # indexes and views: a table that lost a column by hand cannot take them.
-            tables.create(cursor, store.dialect, prefix, indexes=False, views=False)
-            differing = _differing(cursor, scratch, prefix, relations)
-            report.differences += differing
-            if differing:
-                _replace(cursor, store, scratch, prefix, differing)
+            differing: list[Difference] = []
+            try:
+                with store.changing(cursor):
+                    # A table dropped by hand made again, empty for now; not yet its
+                    # indexes and views: a table that lost a column by hand cannot take them.
+                    tables.create(cursor, store.dialect, prefix, indexes=False, views=False)
+                    differing = _differing(cursor, scratch, prefix, relations)
+                    report.differences += differing
+                    if differing:
+                        _replace(cursor, store, scratch, prefix, differing)
+            except RelationsBusy as busy:
+                busy.relations = sorted({d.table for d in differing})  # what it makes again
+                raise
         if report.differences or tracked != head:
             _track(cursor, store, tracked, head)
             count_repair(cursor, store.param)  # running writers drop what they loaded before

@@ -5,10 +5,13 @@ nothing had happened; the log is never written."""
 from __future__ import annotations
 
 import json
+import select
+import subprocess
+import time
 from typing import Any
 
 import pytest
-from audit_support import StoreUnderTest, one_line_error, run
+from audit_support import CLI, StoreUnderTest, one_line_error, run
 from test_replay import live_tables, redefine_zombie_slots, replayed, scratch_tables, told
 
 from ledger.application import Ledger
@@ -441,3 +444,82 @@ def test_an_index_dropped_by_hand_is_named_and_made_again(under_test: StoreUnder
     assert live_tables(under_test) == before
     code, report, stderr = replayed(under_test)
     assert (code, report["differences"]) == (0, []), stderr
+
+
+# -- a dashboard reading the views while a repair runs (PostgreSQL) --------------------
+
+
+def _dashboard_reading(target: StoreUnderTest, relation: str) -> Any:
+    """A reporting tool's session left idle inside its transaction after one
+    read (a psql ``BEGIN; SELECT …``, a dashboard's open transaction)."""
+    reader = target.connect()
+    reader.execute("SET application_name = 'dashboard'")
+    reader.execute("BEGIN")
+    reader.execute(f"SELECT count(*) FROM {relation}").fetchall()
+    return reader
+
+
+@pytest.mark.postgres
+def test_a_repair_held_up_by_a_dashboard_names_what_it_waits_for_not_the_log(
+    pg_under_test: StoreUnderTest,
+) -> None:
+    """The view a repair must make again is read by a dashboard idle in its
+    transaction: the repair waits for that view, not for the log's lock
+    (which it holds itself), so its error names the view, not "the log's,
+    most likely: … a writer stopped or cut off", which sends the operator
+    after writers that are not there."""
+    told(pg_under_test, 300)
+    redefine_zombie_slots(pg_under_test)
+    reader = _dashboard_reading(pg_under_test, "zombie_slots")
+    try:
+        done = run("replay", "--repair", url=f"{pg_under_test.url}&timeout=2")
+    finally:
+        reader.close()
+
+    assert done.returncode == 3, done.stderr
+    said, line = done.stderr.decode().splitlines()
+    one_line_error(line.encode())
+    assert "the log's" not in line, line
+    assert "zombie_slots (held by pid " in line, line
+    assert said.startswith("waiting for zombie_slots (held by pid "), said
+
+
+def _until_it_says_it_waits(repairing: subprocess.Popen[str]) -> str:
+    """The line a repair says once it waits for a reader (10 s at most)."""
+    assert repairing.stderr is not None
+    ready, _, _ = select.select([repairing.stderr], [], [], 10)
+    assert ready, "the repair never said it waits for the dashboard"
+    return repairing.stderr.readline()
+
+
+@pytest.mark.postgres
+def test_a_repair_waiting_for_a_dashboard_does_not_hold_up_the_writers(
+    pg_under_test: StoreUnderTest,
+) -> None:
+    """While a repair waits for a view a dashboard holds, it does not hold
+    the log's lock (every writer would wait as long as the repair does, the
+    URL's timeout, 30 s by default, for a reader that does not write at
+    all); it says what it waits for, and repairs once the dashboard's
+    transaction ends."""
+    told(pg_under_test, 300)
+    redefine_zombie_slots(pg_under_test)
+    reader = _dashboard_reading(pg_under_test, "zombie_slots")
+    try:
+        repairing = subprocess.Popen(
+            [*CLI, "--store", f"{pg_under_test.url}&timeout=20", "replay", "--repair"],
+            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        said = _until_it_says_it_waits(repairing)
+        started = time.monotonic()
+        done = run("submit", "node-registered", "--node", "while-repairing",
+                   url=pg_under_test.url)
+        took = time.monotonic() - started
+    finally:
+        reader.close()
+    _, rest = repairing.communicate(timeout=30)
+
+    assert repairing.returncode == 0, rest
+    assert "the live tables now hold the replay of the log up to position 301" in rest, rest
+    assert said.startswith("waiting for zombie_slots (held by pid "), said
+    assert "'dashboard', idle in transaction" in said, said
+    assert done.returncode == 0, done.stderr
+    assert took < 2, f"a one-shot submit took {took:.1f} s behind a repair waiting for a reader"
