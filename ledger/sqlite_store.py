@@ -14,7 +14,7 @@ import sqlite3
 import stat
 import time
 from collections.abc import Iterator
-from contextlib import closing, contextmanager, nullcontext
+from contextlib import closing, contextmanager, nullcontext, suppress
 from functools import cache
 from typing import Any
 from urllib.parse import quote
@@ -48,6 +48,14 @@ from projections import tables
 # 2: nodes.health_reason, zombie_slots; 3: needs_reconnect.expired, no
 # zombie slots on removed nodes (``projections.tables.upgrade``)
 SCHEMA_VERSION = 3
+# The size a writer cuts the write-ahead log back to when it starts it again
+# (SQLite's ``journal_size_limit``): a reader that kept a transaction open
+# for long (a dashboard) lets it grow with everything written meanwhile,
+# and SQLite would otherwise keep the file at its largest for as long as any
+# connection stays open. Above what a batch of 16 MiB of lines writes, so
+# an ordinary stream never cuts it.
+WAL_LIMIT = 64 * 1024 * 1024
+FOLD_WAIT = 1000  # ms a writer waits for readers to start the write-ahead log again
 MIN_SQLITE = (3, 33, 0)
 
 LOG_TABLES = [
@@ -257,6 +265,8 @@ class SQLiteStore:
                 "submitted to it; check --store)"
             )
         try:
+            self._busy_ms = (int(timeout) or 1) * 1000  # a connection's busy timeout
+            self._fold_at = 0  # the WAL's size that is folded back (0: WAL_LIMIT)
             self.datastore = SQLiteDatastore(
                 reading if self.read_only else path, lock_timeout=int(timeout) or 1)
             self.recorder = SQLiteProcessRecorder(self.datastore)
@@ -411,6 +421,7 @@ class SQLiteStore:
                 cursor = pooled.cursor().sqlite_cursor
                 cursor.execute("PRAGMA synchronous = FULL")
                 cursor.execute("PRAGMA cache_size = -65536")
+                cursor.execute(f"PRAGMA journal_size_limit = {int(WAL_LIMIT)}")
                 try:
                     cursor.execute("BEGIN IMMEDIATE")
                     yield cursor
@@ -418,8 +429,33 @@ class SQLiteStore:
                     cursor.connection.rollback()
                     raise
                 cursor.connection.commit()
+                self._fold_back(cursor)
         except (sqlite3.Error, PersistenceError) as error:  # the cause kept: see _busy
             raise StoreUnavailable(f"store {self.url}: {describe(error, self.path)}") from error
+
+    def _fold_back(self, cursor: sqlite3.Cursor) -> None:
+        """After a commit: a write-ahead log grown past ``WAL_LIMIT`` is folded
+        back and started again (SQLite's own checkpoint starts it again only
+        when no reader is in it at that moment: a file's stream, decided
+        while its last batch commits, or a dashboard polling, leave it
+        growing with everything written). Readers are waited for at most
+        ``FOLD_WAIT`` ms; if one is still there, not again until the log has
+        grown by another ``WAL_LIMIT``. The batch is committed whatever
+        happens here."""
+        try:
+            size = os.path.getsize(self.path + "-wal")
+        except OSError:
+            return
+        if size <= (self._fold_at or WAL_LIMIT):
+            return
+        busy = 1
+        with suppress(sqlite3.Error):
+            cursor.execute(f"PRAGMA busy_timeout = {FOLD_WAIT}")
+            try:
+                busy = cursor.execute("PRAGMA wal_checkpoint(RESTART)").fetchone()[0]
+            finally:
+                cursor.execute(f"PRAGMA busy_timeout = {self._busy_ms}")
+        self._fold_at = size + WAL_LIMIT if busy else 0
 
     @contextmanager
     def _connection(self, commit: bool) -> Iterator[Any]:
