@@ -222,6 +222,11 @@ def describe(error: BaseException, path: str = "") -> str:
     if path and text == "unable to open database file":  # SQLite's words, for any reason
         folder = os.path.dirname(os.path.abspath(path))
         return f"{text} {os.path.abspath(path)} (may this user create files in {folder}?)"
+    if text == "database is locked":  # SQLite's busy timeout ran out
+        return (f"{text}: another connection held it longer than the URL's timeout (a "
+                "writer stopped or stuck, or a tool that opened the file to write, such as "
+                "a database browser left in a transaction: open reporting tools with "
+                "?mode=ro)")
     return tables.with_repair_hint(text)
 
 

@@ -1169,6 +1169,12 @@ def test_a_password_given_as_a_url_parameter_is_not_shown_either():
     assert "s3cret" not in result.stderr
 
 
+# What a writer says when another connection kept the write lock past the timeout.
+LOCKED = ("database is locked: another connection held it longer than the URL's timeout (a "
+          "writer stopped or stuck, or a tool that opened the file to write, such as a "
+          "database browser left in a transaction: open reporting tools with ?mode=ro)")
+
+
 class Locked:
     """A store another connection holds an exclusive write lock on."""
 
@@ -1194,7 +1200,7 @@ def locked(tmp_path: Path, url: str) -> Iterator[Locked]:
 
 def test_submitting_to_a_locked_store_exits_3_and_appends_nothing(locked, url):
     result = invoke(store(locked.url, "submit", "heartbeat", "--node", "n1"), code=3)
-    one_line_store_error(result, f"store {locked.url}: database is locked")
+    one_line_store_error(result, f"store {locked.url}: {LOCKED}")
 
     locked.release()
     again = invoke(store(url, "submit", "heartbeat", "--node", "n1"))
@@ -1205,7 +1211,7 @@ def test_submitting_a_stream_to_a_locked_store_exits_3(tmp_path, locked):
     source = tmp_path / "events.jsonl"
     source.write_text(lines({"type": "heartbeat", "node": "n1"}))
     result = invoke(store(locked.url, "submit", str(source)), code=3)
-    one_line_store_error(result, f"store {locked.url}: database is locked")
+    one_line_store_error(result, f"store {locked.url}: {LOCKED}")
 
 
 def test_a_locked_store_can_still_be_read(locked):
