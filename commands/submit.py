@@ -141,11 +141,12 @@ def _closed_on_error(results: Results) -> Iterator[Results]:
     the end (a signal, a failure): what it holds open (the one-shot's store,
     a stream's writer thread and the collector's settings) ends with the
     command, not whenever the cyclic garbage collector gets to it. A second
-    signal while it closes does not replace what the first one says."""
+    signal while it closes does not replace what the first one says, nor
+    does a failure to close (the store lost, say) replace the error."""
     try:
         yield results
     except BaseException:
-        with suppress(KeyboardInterrupt):
+        with suppress(Exception, KeyboardInterrupt):
             results.close()
         raise
 
