@@ -256,6 +256,7 @@ FOUND = (
 # This one serializes creating and upgrading a schema; the default writers'
 # lead is ``ledger.postgres_handoff.LEADER_LOCK``.
 SCHEMA_LOCK = -275817905  # crc32("alloc-ledger:schema") as a signed int4
+SCRATCH_LOCK = -216778827  # crc32("alloc-ledger:scratch") as a signed int4: a replay's tables
 
 
 class SyncingCursor(psycopg.Cursor[Any]):
@@ -1108,6 +1109,28 @@ class PostgresStore:
             if who not in held.setdefault(relation, []):
                 held[relation].append(who)
         return [f"{relation} (held by {'; '.join(who)})" for relation, who in held.items()]
+
+    @contextmanager
+    def claimed(self, prefix: str) -> Iterator[None]:
+        """A session of its own holds an advisory lock named by the prefix
+        while its scratch tables are in use: it ends with the process, however
+        that ends, and the lock with it."""
+        with self.connect(role="replay") as connection:
+            connection.execute("SELECT pg_advisory_lock(%s, hashtext(%s))", (SCRATCH_LOCK, prefix))
+            yield
+
+    def abandoned(self, prefixes: list[str]) -> list[str]:
+        """Those whose advisory lock no session holds."""
+        free = []
+        with self.connect(role="replay") as connection:
+            for prefix in prefixes:
+                key = (SCRATCH_LOCK, prefix)
+                row = connection.execute(
+                    "SELECT pg_try_advisory_lock(%s, hashtext(%s))", key).fetchone()
+                if row is not None and row[0]:
+                    free.append(prefix)
+                    connection.execute("SELECT pg_advisory_unlock(%s, hashtext(%s))", key)
+        return free
 
     def keeping_grants(self, cursor: Any) -> Any:
         """Projection tables and views made again or redefined inside are

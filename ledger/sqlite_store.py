@@ -41,6 +41,7 @@ from ledger.store import (
     decide_here,
     logged,
     not_a_ledger_yet,
+    scratch_pid,
     seconds,
 )
 from projections import tables
@@ -215,6 +216,16 @@ def _busy(error: BaseException | None) -> bool:
             return True
         error = error.__cause__
     return False
+
+
+def _running(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:  # another user's
+        return True
+    return True
 
 
 def describe(error: BaseException, path: str = "") -> str:
@@ -503,6 +514,15 @@ class SQLiteStore:
 
     def holders(self, relations: list[str]) -> list[str]:
         return []
+
+    def claimed(self, prefix: str) -> Any:
+        """A prefix names its process (``projections.replay.scratch_prefix``)."""
+        return nullcontext()
+
+    def abandoned(self, prefixes: list[str]) -> list[str]:
+        """Those whose process is not running on this machine (a SQLite file's
+        writers are: its locks do not hold across machines)."""
+        return [prefix for prefix in prefixes if not _running(scratch_pid(prefix))]
 
     def keeping_grants(self, cursor: Any) -> Any:
         """SQLite has no grants: whoever may read the file reads every table."""

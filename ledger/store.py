@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 import os
 import re
+import secrets
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager
 from functools import partial
@@ -132,6 +133,15 @@ class Store(Protocol):
     def holders(self, relations: list[str]) -> list[str]:
         """Other sessions holding a lock on these tables or views (none given:
         any projection table or view), described."""
+        ...
+
+    def claimed(self, prefix: str) -> AbstractContextManager[None]:
+        """Scratch tables of ``prefix`` claimed by this process while they are
+        in use: another's ``abandoned`` never names them."""
+        ...
+
+    def abandoned(self, prefixes: list[str]) -> list[str]:
+        """Those scratch prefixes no running process claims (a replay killed)."""
         ...
 
     def keeping_grants(self, cursor: Any) -> AbstractContextManager[None]:
@@ -333,3 +343,18 @@ def count_repair(cursor: Any, param: str) -> None:
     if cursor.rowcount == 0:
         cursor.execute("INSERT INTO tracking (application_name, notification_id) "
                        f"VALUES ({param}, 1)", (REPAIRS,))
+
+
+# Scratch tables (a replay's, a repair's) are named by a prefix that names
+# the process using them, so that those of a process killed before it
+# dropped them can be told from those in use (``Store.abandoned``).
+SCRATCH = re.compile(r"replay_(\d+)_[0-9a-f]{8}_")
+
+
+def scratch_prefix() -> str:
+    return f"replay_{os.getpid()}_{secrets.token_hex(4)}_"
+
+
+def scratch_pid(prefix: str) -> int:
+    found = SCRATCH.match(prefix)
+    return int(found.group(1)) if found else 0

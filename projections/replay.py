@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import json
 import re
-import secrets
 import time
 from collections.abc import Iterable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -35,7 +34,7 @@ from ledger.domain import Cluster
 from ledger.errors import LogEdited
 from ledger.pipeline import prompt_switches
 from ledger.records import Progress, check_read_whole, replay_log
-from ledger.store import LoggedEvent, Store
+from ledger.store import SCRATCH, LoggedEvent, Store, scratch_prefix
 from projections import tables
 from projections.asof import AsOf, head_within, rebuild
 from projections.rows import ChangedRows, Statements, changed_rows
@@ -216,16 +215,32 @@ def replay(store: Store, to: int | None = None) -> ReplayReport:
 
 @contextmanager
 def scratch_tables(store: Store) -> Iterator[Scratch]:
-    """Scratch tables of a prefix of their own, dropped at the end."""
-    prefix = f"replay_{secrets.token_hex(4)}_"
-    scratch = Scratch(store, prefix)
-    try:
-        scratch.create()
-        yield scratch
-    finally:
-        with store.projecting() as cursor:
-            tables.drop(cursor, prefix)
-            tables.drop(cursor, prefix + "asof_")
+    """Scratch tables of a prefix of their own, dropped at the end; those a
+    replay killed before it dropped them are dropped first."""
+    prefix = scratch_prefix()
+    with store.claimed(prefix):
+        _drop_abandoned(store)
+        scratch = Scratch(store, prefix)
+        try:
+            scratch.create()
+            yield scratch
+        finally:
+            _drop(store, prefix)
+
+
+def _drop(store: Store, prefix: str) -> None:
+    with store.projecting() as cursor:
+        tables.drop(cursor, prefix)
+        tables.drop(cursor, prefix + "asof_")
+
+
+def _drop_abandoned(store: Store) -> None:
+    """Drop the scratch tables no running process claims (``Store.abandoned``)."""
+    with store.reading() as cursor:
+        names = tables.named_like(cursor, store.dialect, "replay_")
+    prefixes = sorted({found.group(0) for name in names if (found := SCRATCH.match(name))})
+    for prefix in store.abandoned(prefixes) if prefixes else []:
+        _drop(store, prefix)
 
 
 def _against_live(store: Store, scratch: Scratch) -> ReplayReport:

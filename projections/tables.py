@@ -383,6 +383,22 @@ def create_indexes(cursor: object, prefix: str = "") -> None:
             cursor.execute(statement)  # type: ignore[attr-defined]
 
 
+# The names of the relations in the store's own schema that begin with a
+# prefix (LIKE's wildcards in it escaped), as each database lists them.
+_NAMED_LIKE = {
+    "sqlite": "SELECT name FROM sqlite_master WHERE name LIKE ? ESCAPE '!'",
+    "postgresql": "SELECT relname FROM pg_class WHERE relnamespace = "
+                  "current_schema()::regnamespace AND relname LIKE %s ESCAPE '!'",
+}
+
+
+def named_like(cursor: Any, dialect: str, prefix: str) -> list[str]:
+    """The tables and views whose names begin with ``prefix``."""
+    escaped = prefix.replace("!", "!!").replace("_", "!_").replace("%", "!%")
+    cursor.execute(_NAMED_LIKE[dialect], (escaped + "%",))
+    return [row[0] for row in cursor.fetchall()]
+
+
 def drop(cursor: object, prefix: str) -> None:
     """Drop scratch copies made with ``prefix``."""
     for view in VIEWS:

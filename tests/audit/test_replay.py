@@ -16,7 +16,7 @@ import pytest
 from audit_support import StoreUnderTest, history, one_line_error, run, texts
 
 from ledger.application import Ledger
-from ledger.store import open_store
+from ledger.store import open_store, scratch_prefix
 from projections import replay as replaying
 from projections.asof import AsOf
 from projections.replay import KEYS
@@ -319,3 +319,48 @@ def test_transactions_a_signal_left_entered_end_quietly_when_the_store_closes(
                           timeout=60, check=False)
 
     assert (done.returncode, done.stderr.decode()) == (0, "")
+
+
+def _killed_with_scratch_tables(target: StoreUnderTest) -> str:
+    """A process that made scratch tables as a replay does, then ended without
+    dropping them (as ``kill -9`` ends a replay); their prefix."""
+    script = textwrap.dedent(f"""
+        import os
+        from ledger.store import open_store, scratch_prefix
+        from projections.replay import Scratch
+        store = open_store({target.url!r}, create=False)
+        prefix = scratch_prefix()
+        store.claimed(prefix).__enter__()
+        Scratch(store, prefix).create()
+        print(prefix, flush=True)
+        os._exit(0)
+    """)
+    root = Path(__file__).resolve().parents[2]
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, cwd=root,
+                          timeout=60, check=True)
+    return done.stdout.decode().strip()
+
+
+def test_scratch_tables_a_killed_replay_left_are_dropped_by_the_next_not_those_in_use(
+    under_test: StoreUnderTest,
+) -> None:
+    """A killed replay leaves its scratch tables (seven, each time); the next
+    replay drops them, and never those of a replay still running."""
+    told(under_test, events=30)
+    left = _killed_with_scratch_tables(under_test)
+    store = open_store(under_test.url, create=False)
+    running = scratch_prefix()
+    try:
+        with store.claimed(running):
+            replaying.Scratch(store, running).create()
+            before = scratch_tables(under_test)
+            code, _, stderr = replayed(under_test)
+            after = scratch_tables(under_test)
+            replaying._drop(store, running)
+    finally:
+        store.close()
+
+    assert code == 0, stderr
+    assert {name.startswith(left) for name in before} == {True, False}
+    assert after and all(name.startswith(running) for name in after), after
+    assert scratch_tables(under_test) == []
