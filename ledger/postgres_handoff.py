@@ -225,9 +225,13 @@ class Watchdog:
             return self.fired
 
     def close(self) -> None:
+        """Stop the thread and wait for it to end, so a closed store leaves none."""
         with self.changed:
             self.closed = True
             self.changed.notify()
+            thread = self.thread
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(timeout=5)
 
     def _watch(self) -> None:
         with self.changed:

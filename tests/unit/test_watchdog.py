@@ -61,3 +61,23 @@ def test_a_statement_answered_within_its_bound_is_left_alone() -> None:
         dog.close()
         mine.close()
         server.close()
+
+
+def test_a_closed_watchdog_has_ended_its_thread() -> None:
+    """A closed store leaves no thread behind (a command's test counts them)."""
+    mine, server = socket.socketpair()
+    dog = Watchdog()
+    try:
+        with dog.within(Connection(mine), 30):
+            pass
+        assert dog.thread is not None
+        for _ in range(200):  # the thread sleeping towards its bound, as it is between statements
+            dog.close()
+            assert not dog.thread.is_alive()
+            dog.closed, dog.thread = False, None
+            with dog.within(Connection(mine), 30):
+                pass
+    finally:
+        dog.close()
+        mine.close()
+        server.close()
