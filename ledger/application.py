@@ -8,7 +8,7 @@ so a reported append is durable and nothing is ever half-written.
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterable, Iterator
+from collections.abc import Generator, Iterable, Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, Self
@@ -104,7 +104,9 @@ class Ledger:
         for receipts in self.submit_batches(batched(stream, batch, input_size)):
             yield from receipts
 
-    def submit_batches(self, batches: Iterable[list[Submission]]) -> Iterator[list[Receipt]]:
+    def submit_batches(
+        self, batches: Iterable[list[Submission]]
+    ) -> Generator[list[Receipt], None, None]:
         """Submit batches in order, each in one transaction; yield each batch's
         receipts once it is durable. Where the store can, the next batch is
         decided while the last one commits (``ledger.pipeline``): so take the

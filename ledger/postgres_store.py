@@ -63,6 +63,7 @@ from ledger.store import (
     PAGE_BYTES,
     PROJECTIONS,
     REPAIRS,
+    Abandoned,
     Decider,
     Guards,
     LoggedEvent,
@@ -363,6 +364,10 @@ CONNECTIONS = (
     "a writer opens up to 6 connections when writers combine (the default), one with "
     "&writers=lock; raise the role's CONNECTION LIMIT or use &writers=lock"
 )
+REPLAY_CONNECTIONS = (
+    "replay and replay --repair hold two connections (alloc-ledger, and alloc-ledger replay, "
+    "which claims their scratch tables): raise the role's CONNECTION LIMIT to 2 or more"
+)
 
 
 def describe(error: BaseException, hint: bool = True) -> str:
@@ -548,7 +553,7 @@ class PostgresStore:
         """A connection of its own (autocommit), for listening and handing over,
         or for transactions that the server ends when they stay ``idle`` (seconds);
         named ``alloc-ledger ROLE`` in pg_stat_activity unless the URL names it."""
-        connection = self._connect(self.connect_timeout, self._named(role))
+        connection = self._connect(self.connect_timeout, self._named(role), role)
         if idle is not None:
             connection.execute(
                 f"SET idle_in_transaction_session_timeout = '{round(idle * 1000)}ms'")
@@ -586,7 +591,9 @@ class PostgresStore:
 
     # -- opening -------------------------------------------------------------
 
-    def _connect(self, timeout: float, extra: dict[str, str]) -> psycopg.Connection[Any]:
+    def _connect(
+        self, timeout: float, extra: dict[str, str], role: str = ""
+    ) -> psycopg.Connection[Any]:
         arguments: dict[str, Any] = {**self.connect_args, **extra}
         try:
             return psycopg.connect(
@@ -594,9 +601,9 @@ class PostgresStore:
                 cursor_factory=SyncingCursor,
             )
         except psycopg.Error as error:
-            self._fail(self._why_not_connected(error))
+            self._fail(self._why_not_connected(error, role))
 
-    def _why_not_connected(self, error: psycopg.Error) -> str:
+    def _why_not_connected(self, error: psycopg.Error, role: str = "") -> str:
         """libpq's message, shortened to what went wrong: 'database "x" does not
         exist', 'password authentication failed for user "u"', 'server … unreachable'."""
         text = (str(error).strip().splitlines() or [type(error).__name__])[0]
@@ -608,7 +615,7 @@ class PostgresStore:
         if reason.startswith("FATAL:"):
             refused = reason[len("FATAL:"):].strip()
             if refused.startswith("too many connections for role"):
-                return f"{refused} ({CONNECTIONS})"
+                return f"{refused} ({REPLAY_CONNECTIONS if role == 'replay' else CONNECTIONS})"
             return refused
         return f"server {self._where()} unreachable: {reason}"
 
@@ -1111,26 +1118,14 @@ class PostgresStore:
         return [f"{relation} (held by {'; '.join(who)})" for relation, who in held.items()]
 
     @contextmanager
-    def claimed(self, prefix: str) -> Iterator[None]:
+    def claimed(self, prefix: str) -> Iterator[Abandoned]:
         """A session of its own holds an advisory lock named by the prefix
         while its scratch tables are in use: it ends with the process, however
-        that ends, and the lock with it."""
+        that ends, and the lock with it. The same session tells which others
+        no session holds (no third connection)."""
         with self.connect(role="replay") as connection:
             connection.execute("SELECT pg_advisory_lock(%s, hashtext(%s))", (SCRATCH_LOCK, prefix))
-            yield
-
-    def abandoned(self, prefixes: list[str]) -> list[str]:
-        """Those whose advisory lock no session holds."""
-        free = []
-        with self.connect(role="replay") as connection:
-            for prefix in prefixes:
-                key = (SCRATCH_LOCK, prefix)
-                row = connection.execute(
-                    "SELECT pg_try_advisory_lock(%s, hashtext(%s))", key).fetchone()
-                if row is not None and row[0]:
-                    free.append(prefix)
-                    connection.execute("SELECT pg_advisory_unlock(%s, hashtext(%s))", key)
-        return free
+            yield partial(_abandoned, connection)
 
     def keeping_grants(self, cursor: Any) -> Any:
         """Projection tables and views made again or redefined inside are
@@ -1214,3 +1209,15 @@ class PostgresStore:
     def close(self) -> None:
         self.handoff.close()
         self.datastore.close()
+
+
+def _abandoned(connection: psycopg.Connection[Any], prefixes: list[str]) -> list[str]:
+    """Those whose advisory lock no other session holds."""
+    free = []
+    for prefix in prefixes:
+        key = (SCRATCH_LOCK, prefix)
+        row = connection.execute("SELECT pg_try_advisory_lock(%s, hashtext(%s))", key).fetchone()
+        if row is not None and row[0]:
+            free.append(prefix)
+            connection.execute("SELECT pg_advisory_unlock(%s, hashtext(%s))", key)
+    return free

@@ -15,7 +15,7 @@ import stat
 import time
 from collections.abc import Iterator
 from contextlib import closing, contextmanager, nullcontext, suppress
-from functools import cache
+from functools import cache, partial
 from typing import Any
 from urllib.parse import quote
 
@@ -35,13 +35,13 @@ from ledger.store import (
     PAGE_BYTES,
     PROJECTIONS,
     REPAIRS,
+    Abandoned,
     Decider,
     Guards,
     LoggedEvent,
     decide_here,
     logged,
     not_a_ledger_yet,
-    scratch_pid,
     seconds,
 )
 from projections import tables
@@ -218,14 +218,34 @@ def _busy(error: BaseException | None) -> bool:
     return False
 
 
-def _running(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except OSError:  # another user's
-        return True
-    return True
+def _claim_file(base: str, prefix: str) -> str:
+    return f"{base}-{prefix}claim"
+
+
+def _abandoned(base: str, prefixes: list[str]) -> list[str]:
+    """Those whose claim file no process holds locked (or that has none: its
+    replay gone, or one of an earlier release); their claim files removed."""
+    free = []
+    for prefix in prefixes:
+        path = _claim_file(base, prefix)
+        try:
+            descriptor = os.open(path, os.O_RDWR)
+        except FileNotFoundError:
+            free.append(prefix)
+            continue
+        except OSError:
+            continue  # not ours to tell
+        try:
+            fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            continue  # held: in use
+        else:
+            free.append(prefix)
+            with suppress(OSError):
+                os.unlink(path)
+        finally:
+            os.close(descriptor)
+    return free
 
 
 def describe(error: BaseException, path: str = "") -> str:
@@ -283,6 +303,7 @@ class SQLiteStore:
         try:
             self._busy_ms = (int(timeout) or 1) * 1000  # a connection's busy timeout
             self._fold_at = 0  # the WAL's size that is folded back (0: WAL_LIMIT)
+            self._commits = 0  # a store's first commit folds back without waiting
             self.datastore = SQLiteDatastore(
                 reading if self.read_only else path, lock_timeout=int(timeout) or 1)
             self.recorder = SQLiteProcessRecorder(self.datastore)
@@ -454,20 +475,23 @@ class SQLiteStore:
         back and started again (SQLite's own checkpoint starts it again only
         when no reader is in it at that moment: a file's stream, decided
         while its last batch commits, or a dashboard polling, leave it
-        growing with everything written). Readers are waited for at most
-        ``FOLD_WAIT`` ms; if one is still there, not again until the log has
-        grown by another ``WAL_LIMIT``. The batch is committed whatever
-        happens here."""
+        growing with everything written). A store's first commit does not
+        wait for readers (a one-shot writer beside a long read would hold the
+        write lock that long, and the next one-shot after it); a stream's
+        later commits wait up to ``FOLD_WAIT`` ms for readers' short reads to
+        end. If one is still there, not again until the log has grown by
+        another ``WAL_LIMIT``. The batch is committed whatever happens here."""
+        waits, self._commits = (FOLD_WAIT if self._commits else 0), self._commits + 1
         try:
-            size = os.path.getsize(self.path + "-wal")
+            size = os.path.getsize(os.path.realpath(self.path) + "-wal")
         except OSError:
             return
         if size <= (self._fold_at or WAL_LIMIT):
             return
         busy = 1
         with suppress(sqlite3.Error):
-            cursor.execute(f"PRAGMA busy_timeout = {FOLD_WAIT}")
             try:
+                cursor.execute(f"PRAGMA busy_timeout = {waits}")
                 busy = cursor.execute("PRAGMA wal_checkpoint(RESTART)").fetchone()[0]
             finally:
                 cursor.execute(f"PRAGMA busy_timeout = {self._busy_ms}")
@@ -515,14 +539,28 @@ class SQLiteStore:
     def holders(self, relations: list[str]) -> list[str]:
         return []
 
-    def claimed(self, prefix: str) -> Any:
-        """A prefix names its process (``projections.replay.scratch_prefix``)."""
-        return nullcontext()
-
-    def abandoned(self, prefixes: list[str]) -> list[str]:
-        """Those whose process is not running on this machine (a SQLite file's
-        writers are: its locks do not hold across machines)."""
-        return [prefix for prefix in prefixes if not _running(scratch_pid(prefix))]
+    @contextmanager
+    def claimed(self, prefix: str) -> Iterator[Abandoned]:
+        """A claim file beside the store's file (``<file>-<prefix>claim``),
+        locked (``flock``) while the scratch tables are in use: the lock ends
+        with the process, however it ends, and holds for every process that
+        opens the same file (other containers sharing the volume too; SQLite's
+        own locks do not hold across machines either)."""
+        base = os.path.realpath(self.path)
+        path = _claim_file(base, prefix)
+        try:
+            descriptor = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError as error:
+            raise StoreUnavailable(
+                f"store {self.url}: cannot make {path} (a replay's claim on its scratch "
+                f"tables): {error.strerror}") from None
+        try:
+            fcntl.flock(descriptor, fcntl.LOCK_EX)
+            yield partial(_abandoned, base)
+        finally:
+            with suppress(OSError):
+                os.unlink(path)
+            os.close(descriptor)
 
     def keeping_grants(self, cursor: Any) -> Any:
         """SQLite has no grants: whoever may read the file reads every table."""

@@ -135,13 +135,10 @@ class Store(Protocol):
         any projection table or view), described."""
         ...
 
-    def claimed(self, prefix: str) -> AbstractContextManager[None]:
+    def claimed(self, prefix: str) -> AbstractContextManager[Abandoned]:
         """Scratch tables of ``prefix`` claimed by this process while they are
-        in use: another's ``abandoned`` never names them."""
-        ...
-
-    def abandoned(self, prefixes: list[str]) -> list[str]:
-        """Those scratch prefixes no running process claims (a replay killed)."""
+        in use (another's ``Abandoned`` never names them); inside, which of
+        the scratch prefixes found no running process claims (a replay killed)."""
         ...
 
     def keeping_grants(self, cursor: Any) -> AbstractContextManager[None]:
@@ -345,16 +342,13 @@ def count_repair(cursor: Any, param: str) -> None:
                        f"VALUES ({param}, 1)", (REPAIRS,))
 
 
-# Scratch tables (a replay's, a repair's) are named by a prefix that names
-# the process using them, so that those of a process killed before it
-# dropped them can be told from those in use (``Store.abandoned``).
-SCRATCH = re.compile(r"replay_(\d+)_[0-9a-f]{8}_")
+# Scratch tables (a replay's, a repair's) are named by a prefix of their
+# own (with the process's pid, for whoever looks), claimed while in use so
+# that those of a process killed before it dropped them can be told from
+# those in use (``Store.claimed``).
+SCRATCH = re.compile(r"replay_\d+_[0-9a-f]{8}_")
+Abandoned = Callable[[list[str]], list[str]]  # of these scratch prefixes, those no one claims
 
 
 def scratch_prefix() -> str:
     return f"replay_{os.getpid()}_{secrets.token_hex(4)}_"
-
-
-def scratch_pid(prefix: str) -> int:
-    found = SCRATCH.match(prefix)
-    return int(found.group(1)) if found else 0

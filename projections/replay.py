@@ -34,7 +34,7 @@ from ledger.domain import Cluster
 from ledger.errors import LogEdited
 from ledger.pipeline import prompt_switches
 from ledger.records import Progress, check_read_whole, replay_log
-from ledger.store import SCRATCH, LoggedEvent, Store, scratch_prefix
+from ledger.store import SCRATCH, Abandoned, LoggedEvent, Store, scratch_prefix
 from projections import tables
 from projections.asof import AsOf, head_within, rebuild
 from projections.rows import ChangedRows, Statements, changed_rows
@@ -218,8 +218,8 @@ def scratch_tables(store: Store) -> Iterator[Scratch]:
     """Scratch tables of a prefix of their own, dropped at the end; those a
     replay killed before it dropped them are dropped first."""
     prefix = scratch_prefix()
-    with store.claimed(prefix):
-        _drop_abandoned(store)
+    with store.claimed(prefix) as abandoned:
+        _drop_abandoned(store, abandoned)
         scratch = Scratch(store, prefix)
         try:
             scratch.create()
@@ -234,12 +234,12 @@ def _drop(store: Store, prefix: str) -> None:
         tables.drop(cursor, prefix + "asof_")
 
 
-def _drop_abandoned(store: Store) -> None:
-    """Drop the scratch tables no running process claims (``Store.abandoned``)."""
+def _drop_abandoned(store: Store, abandoned: Abandoned) -> None:
+    """Drop the scratch tables no running process claims (``Store.claimed``)."""
     with store.reading() as cursor:
         names = tables.named_like(cursor, store.dialect, "replay_")
     prefixes = sorted({found.group(0) for name in names if (found := SCRATCH.match(name))})
-    for prefix in store.abandoned(prefixes) if prefixes else []:
+    for prefix in abandoned(prefixes) if prefixes else []:
         _drop(store, prefix)
 
 

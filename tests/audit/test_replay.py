@@ -364,3 +364,28 @@ def test_scratch_tables_a_killed_replay_left_are_dropped_by_the_next_not_those_i
     assert {name.startswith(left) for name in before} == {True, False}
     assert after and all(name.startswith(running) for name in after), after
     assert scratch_tables(under_test) == []
+
+
+def test_scratch_tables_claimed_by_a_process_this_machine_cannot_see_are_left(
+    under_test: StoreUnderTest,
+) -> None:
+    """A replay in another container sharing the store (its own pid
+    namespace: its pid means nothing here, or another process) still claims
+    its tables: the next replay here leaves them."""
+    told(under_test, events=30)
+    store = open_store(under_test.url, create=False)
+    elsewhere = "replay_999999999_0badcafe_"  # no such pid on this machine
+    try:
+        with store.claimed(elsewhere):
+            replaying.Scratch(store, elsewhere).create()
+            code, _, stderr = replayed(under_test)
+            kept = scratch_tables(under_test)
+            replaying._drop(store, elsewhere)
+    finally:
+        store.close()
+
+    assert code == 0, stderr
+    assert kept and all(name.startswith(elsewhere) for name in kept), kept
+    assert scratch_tables(under_test) == []
+    if under_test.path is not None:  # SQLite: its claim file went with its claim
+        assert list(under_test.path.parent.glob("*claim")) == []

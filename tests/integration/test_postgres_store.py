@@ -24,8 +24,9 @@ import pytest
 from ledger.application import Ledger
 from ledger.errors import StoreUnavailable
 from ledger.postgres_store import SCHEMA_VERSION
-from ledger.store import open_store
+from ledger.store import open_store, scratch_prefix
 from projections.projector import Projector
+from projections.replay import Scratch
 from scripts.simulate import generate
 
 QUESTIONS = [
@@ -590,6 +591,45 @@ def test_a_role_whose_connection_limit_a_combining_writer_exceeds_is_told_why(
         locked = alloc_ledger("submit", "node-registered", "--node", "n1",
                               url=f"{url}&writers=lock")
         assert locked.returncode == 0, locked
+    finally:
+        pg_admin(f"DROP SCHEMA IF EXISTS {pg_schema} CASCADE")
+        pg_admin(f"DROP OWNED BY {role}")
+        pg_admin(f"DROP ROLE {role}")
+
+
+def test_replay_needs_two_connections_and_says_so_when_the_role_allows_one(
+    pg_dsn, pg_schema, pg_admin, alloc_ledger
+):
+    """A replay holds its pooled connection and the session that claims its
+    scratch tables (it tells abandoned ones on that same session): two."""
+    role = pg_schema  # fresh and unique
+    pg_admin(f"CREATE ROLE {role} LOGIN CONNECTION LIMIT 2")
+    pg_admin(f"CREATE SCHEMA {pg_schema} AUTHORIZATION {role}")
+    try:
+        parts = urlsplit(pg_dsn)
+        url = (f"postgresql://{role}@{parts.hostname}:{parts.port or 5432}{parts.path}"
+               f"?schema={pg_schema}&writers=lock")
+        for event in ("node-registered", "heartbeat"):
+            assert alloc_ledger("submit", event, "--node", "n1", url=url).returncode == 0
+        store = open_store(url, create=False)
+        try:  # a replay killed: its scratch tables left, told abandoned by the next
+            left = scratch_prefix()
+            with store.claimed(left):
+                Scratch(store, left).create()
+        finally:
+            store.close()
+        replayed = alloc_ledger("replay", url=url)
+        assert replayed.returncode == 0, replayed
+        assert pg_admin(
+            "SELECT count(*) FROM information_schema.tables "
+            f"WHERE table_schema = '{pg_schema}' AND table_name LIKE 'replay%'") == [(0,)]
+        pg_admin(f"ALTER ROLE {role} CONNECTION LIMIT 1")
+        refused = alloc_ledger("replay", url=url)
+        assert (refused.returncode, refused.stderr) == (3, (
+            f"Error: cannot open store {url}: too many connections for role "
+            f'"{role}" (replay and replay --repair hold two connections (alloc-ledger, and '
+            "alloc-ledger replay, which claims their scratch tables): raise the role's "
+            "CONNECTION LIMIT to 2 or more)\n")), refused
     finally:
         pg_admin(f"DROP SCHEMA IF EXISTS {pg_schema} CASCADE")
         pg_admin(f"DROP OWNED BY {role}")
