@@ -448,11 +448,7 @@ class SQLiteStore:
 
     @contextmanager
     def writing(self) -> Iterator[sqlite3.Cursor]:
-        if self.read_only:
-            raise StoreUnavailable(
-                f"store {self.url}: {self.path} is not writable, and this command writes "
-                "into the store (copy the file somewhere writable first)"
-            )
+        self._writable()
         try:
             with self._connection(commit=True) as pooled:
                 cursor = pooled.cursor().sqlite_cursor
@@ -469,6 +465,13 @@ class SQLiteStore:
                 self._fold_back(cursor)
         except (sqlite3.Error, PersistenceError) as error:  # the cause kept: see _busy
             raise StoreUnavailable(f"store {self.url}: {describe(error, self.path)}") from error
+
+    def _writable(self) -> None:
+        if self.read_only:
+            raise StoreUnavailable(
+                f"store {self.url}: {self.path} is not writable, and this command writes "
+                "into the store (copy the file somewhere writable first)"
+            )
 
     def _fold_back(self, cursor: sqlite3.Cursor) -> None:
         """After a commit: a write-ahead log grown past ``WAL_LIMIT`` is folded
@@ -546,6 +549,7 @@ class SQLiteStore:
         with the process, however it ends, and holds for every process that
         opens the same file (other containers sharing the volume too; SQLite's
         own locks do not hold across machines either)."""
+        self._writable()  # nothing made beside a file no one may change
         base = os.path.realpath(self.path)
         path = _claim_file(base, prefix)
         try:
