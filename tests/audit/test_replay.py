@@ -341,6 +341,25 @@ def _killed_with_scratch_tables(target: StoreUnderTest) -> str:
     return done.stdout.decode().strip()
 
 
+def _replayed_beside(
+    target: StoreUnderTest, prefix: str
+) -> tuple[list[str], tuple[int, dict[str, Any], bytes], list[str]]:
+    """A replay run while this process claims scratch tables of ``prefix``
+    (as a running replay does): the scratch tables before, the replay's
+    outcome, the scratch tables after (then this process's dropped)."""
+    store = open_store(target.url, create=False)
+    try:
+        with store.claimed(prefix):
+            replaying.Scratch(store, prefix).create()
+            before = scratch_tables(target)
+            outcome = replayed(target)
+            after = scratch_tables(target)
+            replaying._drop(store, prefix)
+    finally:
+        store.close()
+    return before, outcome, after
+
+
 def test_scratch_tables_a_killed_replay_left_are_dropped_by_the_next_not_those_in_use(
     under_test: StoreUnderTest,
 ) -> None:
@@ -348,17 +367,8 @@ def test_scratch_tables_a_killed_replay_left_are_dropped_by_the_next_not_those_i
     replay drops them, and never those of a replay still running."""
     told(under_test, events=30)
     left = _killed_with_scratch_tables(under_test)
-    store = open_store(under_test.url, create=False)
     running = scratch_prefix()
-    try:
-        with store.claimed(running):
-            replaying.Scratch(store, running).create()
-            before = scratch_tables(under_test)
-            code, _, stderr = replayed(under_test)
-            after = scratch_tables(under_test)
-            replaying._drop(store, running)
-    finally:
-        store.close()
+    before, (code, _, stderr), after = _replayed_beside(under_test, running)
 
     assert code == 0, stderr
     assert {name.startswith(left) for name in before} == {True, False}
@@ -373,16 +383,8 @@ def test_scratch_tables_claimed_by_a_process_this_machine_cannot_see_are_left(
     namespace: its pid means nothing here, or another process) still claims
     its tables: the next replay here leaves them."""
     told(under_test, events=30)
-    store = open_store(under_test.url, create=False)
     elsewhere = "replay_999999999_0badcafe_"  # no such pid on this machine
-    try:
-        with store.claimed(elsewhere):
-            replaying.Scratch(store, elsewhere).create()
-            code, _, stderr = replayed(under_test)
-            kept = scratch_tables(under_test)
-            replaying._drop(store, elsewhere)
-    finally:
-        store.close()
+    _, (code, _, stderr), kept = _replayed_beside(under_test, elsewhere)
 
     assert code == 0, stderr
     assert kept and all(name.startswith(elsewhere) for name in kept), kept
