@@ -364,9 +364,14 @@ CONNECTIONS = (
     "a writer opens up to 6 connections when writers combine (the default), one with "
     "&writers=lock; raise the role's CONNECTION LIMIT or use &writers=lock"
 )
+LOCK_CONNECTIONS = (
+    "a &writers=lock writer holds one connection: the role's other sessions leave none "
+    "(pg_stat_activity names them); raise the role's CONNECTION LIMIT"
+)
 REPLAY_CONNECTIONS = (
     "replay and replay --repair hold two connections (alloc-ledger, and alloc-ledger replay, "
-    "which claims their scratch tables): raise the role's CONNECTION LIMIT to 2 or more"
+    "which claims their scratch tables): the role's CONNECTION LIMIT must leave two beside "
+    "its other sessions"
 )
 
 
@@ -601,7 +606,12 @@ class PostgresStore:
                 cursor_factory=SyncingCursor,
             )
         except psycopg.Error as error:
-            self._fail(self._why_not_connected(error, role))
+            reason = self._why_not_connected(error, role)
+            if role == "replay":  # the store is open: this is the replay's second connection
+                raise StoreUnavailable(
+                    f"store {self.shown}: a replay's second connection (its claim on its "
+                    f"scratch tables) refused: {reason}") from None
+            self._fail(reason)
 
     def _why_not_connected(self, error: psycopg.Error, role: str = "") -> str:
         """libpq's message, shortened to what went wrong: 'database "x" does not
@@ -615,7 +625,9 @@ class PostgresStore:
         if reason.startswith("FATAL:"):
             refused = reason[len("FATAL:"):].strip()
             if refused.startswith("too many connections for role"):
-                return f"{refused} ({REPLAY_CONNECTIONS if role == 'replay' else CONNECTIONS})"
+                hint = REPLAY_CONNECTIONS if role == "replay" else (
+                    CONNECTIONS if self.combines else LOCK_CONNECTIONS)
+                return f"{refused} ({hint})"
             return refused
         return f"server {self._where()} unreachable: {reason}"
 
@@ -1124,6 +1136,8 @@ class PostgresStore:
         that ends, and the lock with it. The same session tells which others
         no session holds (no third connection)."""
         with self.connect(role="replay") as connection:
+            if connection.info.server_version >= 140000:  # idle all along: not ended for it
+                connection.execute("SET idle_session_timeout = 0")
             connection.execute("SELECT pg_advisory_lock(%s, hashtext(%s))", (SCRATCH_LOCK, prefix))
             yield partial(_abandoned, connection)
 

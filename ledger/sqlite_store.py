@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import array
 import fcntl
+import glob
 import os
 import sqlite3
 import stat
@@ -35,6 +36,7 @@ from ledger.store import (
     PAGE_BYTES,
     PROJECTIONS,
     REPAIRS,
+    SCRATCH,
     Abandoned,
     Decider,
     Guards,
@@ -224,28 +226,39 @@ def _claim_file(base: str, prefix: str) -> str:
 
 def _abandoned(base: str, prefixes: list[str]) -> list[str]:
     """Those whose claim file no process holds locked (or that has none: its
-    replay gone, or one of an earlier release); their claim files removed."""
+    replay gone, or one of an earlier release). Every claim file no one
+    holds is removed, those of a replay killed before it made its tables too."""
+    claims = {prefix: _claim_file(base, prefix) for prefix in prefixes}
     free = []
-    for prefix in prefixes:
-        path = _claim_file(base, prefix)
-        try:
-            descriptor = os.open(path, os.O_RDWR)
-        except FileNotFoundError:
+    for prefix, path in claims.items():
+        if _unclaimed(path):
             free.append(prefix)
-            continue
-        except OSError:
-            continue  # not ours to tell
-        try:
-            fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError:
-            continue  # held: in use
-        else:
-            free.append(prefix)
-            with suppress(OSError):
-                os.unlink(path)
-        finally:
-            os.close(descriptor)
+    for path in glob.glob(glob.escape(base) + "-replay_*_claim"):
+        if path not in claims.values() and SCRATCH.fullmatch(path[len(base) + 1:-len("claim")]):
+            _unclaimed(path)
     return free
+
+
+def _unclaimed(path: str) -> bool:
+    """Whether no process holds the claim file locked (missing: none does);
+    one no one holds is removed. Opened to read: ``flock`` needs no more, so
+    a claim file another user left (a store a group shares) is told too."""
+    try:
+        descriptor = os.open(path, os.O_RDONLY)
+    except FileNotFoundError:
+        return True
+    except OSError:
+        return False  # not ours to tell
+    try:
+        fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        return False  # held: in use
+    else:
+        with suppress(OSError):
+            os.unlink(path)  # while locked: a claim that opened it finds it gone and makes another
+        return True
+    finally:
+        os.close(descriptor)
 
 
 def describe(error: BaseException, path: str = "") -> str:
@@ -362,9 +375,10 @@ class SQLiteStore:
             return name
         if _unchangeable(self.path):
             return name + "&immutable=1"
-        if not os.path.exists(self.path + "-wal") and _writable_by_none(self.path):
+        beside = os.path.realpath(self.path)  # SQLite's WAL files: beside the file a link leads to
+        if not os.path.exists(beside + "-wal") and _writable_by_none(self.path):
             return name + "&immutable=1"
-        if not all(os.path.exists(self.path + end) for end in ("-wal", "-shm")):
+        if not all(os.path.exists(beside + end) for end in ("-wal", "-shm")):
             raise StoreUnavailable(
                 f"cannot open store {self.url}: {self.path} is not writable by this user, "
                 "and no writer has it open: reading it would leave files beside it that "
@@ -552,18 +566,35 @@ class SQLiteStore:
         self._writable()  # nothing made beside a file no one may change
         base = os.path.realpath(self.path)
         path = _claim_file(base, prefix)
+        descriptor = self._claim(path)
         try:
-            descriptor = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
-        except OSError as error:
-            raise StoreUnavailable(
-                f"store {self.url}: cannot make {path} (a replay's claim on its scratch "
-                f"tables): {error.strerror}") from None
-        try:
-            fcntl.flock(descriptor, fcntl.LOCK_EX)
             yield partial(_abandoned, base)
         finally:
             with suppress(OSError):
                 os.unlink(path)
+            os.close(descriptor)
+
+    def _claim(self, path: str) -> int:
+        """The claim file made and locked; made again if another process
+        removed it (telling it unclaimed) between the two."""
+        while True:
+            try:
+                descriptor = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
+            except OSError as error:
+                raise StoreUnavailable(
+                    f"store {self.url}: cannot make {path} (a replay's claim on its scratch "
+                    f"tables): {error.strerror}") from None
+            try:
+                fcntl.flock(descriptor, fcntl.LOCK_EX)
+                if os.fstat(descriptor).st_ino == os.stat(path).st_ino:
+                    return descriptor
+            except FileNotFoundError:
+                pass
+            except OSError as error:
+                os.close(descriptor)
+                raise StoreUnavailable(
+                    f"store {self.url}: cannot lock {path} (a replay's claim on its scratch "
+                    f"tables; its file system must support flock): {error.strerror}") from None
             os.close(descriptor)
 
     def keeping_grants(self, cursor: Any) -> Any:

@@ -212,6 +212,13 @@ def test_another_user_s_ledger_is_read_through_its_writer_s_wal_or_refused(
             read = as_another_user("verify", "--format", "json", url=target.url)
             assert read.returncode == 0, read.stderr
             assert json.loads(read.stdout)["verified"] == 60
+            # Through a symbolic link in another folder: the WAL is beside the file it leads to.
+            (tmp_path / "links").mkdir()
+            (tmp_path / "links" / "link.db").symlink_to(target.path)
+            linked = as_another_user("verify", "--format", "json",
+                                     url=f"sqlite:///{tmp_path / 'links' / 'link.db'}")
+            assert linked.returncode == 0, linked.stderr
+            assert json.loads(linked.stdout)["verified"] == 60
         finally:
             writer.close()
     finally:

@@ -330,7 +330,8 @@ def _killed_with_scratch_tables(target: StoreUnderTest) -> str:
         from projections.replay import Scratch
         store = open_store({target.url!r}, create=False)
         prefix = scratch_prefix()
-        store.claimed(prefix).__enter__()
+        claim = store.claimed(prefix)  # held: not finalized (its claim let go) before the exit
+        claim.__enter__()
         Scratch(store, prefix).create()
         print(prefix, flush=True)
         os._exit(0)
@@ -391,3 +392,62 @@ def test_scratch_tables_claimed_by_a_process_this_machine_cannot_see_are_left(
     assert scratch_tables(under_test) == []
     if under_test.path is not None:  # SQLite: its claim file went with its claim
         assert list(under_test.path.parent.glob("*claim")) == []
+
+
+def test_a_claim_file_a_replay_killed_before_it_made_its_tables_left_is_removed_later(
+    sqlite_under_test: StoreUnderTest,
+) -> None:
+    """A replay killed while it waits to make its scratch tables (a writer
+    holds the file) leaves its claim file and no tables: docs/audit.md says
+    the next replay removes what a killed one left."""
+    told(sqlite_under_test, events=30)
+    script = textwrap.dedent(f"""
+        import os
+        from ledger.store import open_store, scratch_prefix
+        store = open_store({sqlite_under_test.url!r}, create=False)
+        claim = store.claimed(scratch_prefix())  # held: not finalized before the exit
+        claim.__enter__()
+        os._exit(0)
+    """)
+    root = Path(__file__).resolve().parents[2]
+    subprocess.run([sys.executable, "-c", script], cwd=root, timeout=60, check=True)
+    assert sqlite_under_test.path is not None
+    assert list(sqlite_under_test.path.parent.glob("*claim"))
+
+    code, _, stderr = replayed(sqlite_under_test)
+
+    assert code == 0, stderr
+    assert list(sqlite_under_test.path.parent.glob("*claim")) == []
+
+
+def test_scratch_tables_of_a_killed_replay_whose_claim_file_is_another_users_are_dropped(
+    sqlite_under_test: StoreUnderTest, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A store shared by a group (docs/sqlite.md): a replay killed by one user
+    leaves a claim file the others may read but not write (0644). flock needs
+    no write access, so the next replay by another user still tells it is
+    abandoned (the pid check before this change dropped them)."""
+    import os
+
+    told(sqlite_under_test, events=30)
+    left = _killed_with_scratch_tables(sqlite_under_test)
+    assert sqlite_under_test.path is not None
+    claim = next(sqlite_under_test.path.parent.glob(f"*{left}claim"))
+    claim.chmod(0o444)
+    if os.geteuid() == 0:  # root writes any file: as another user would be refused
+        opened = os.open
+
+        def as_another_user(path: Any, flags: int, *args: Any, **kwargs: Any) -> int:
+            if str(path) == str(claim) and flags & (os.O_WRONLY | os.O_RDWR):
+                raise PermissionError(13, "Permission denied", str(path))
+            return opened(path, flags, *args, **kwargs)
+
+        monkeypatch.setattr(os, "open", as_another_user)
+    store = open_store(sqlite_under_test.url, create=False)
+    try:
+        report = replaying.replay(store)
+    finally:
+        store.close()
+
+    assert report.ok, report.differences
+    assert scratch_tables(sqlite_under_test) == []

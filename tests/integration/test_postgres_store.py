@@ -597,13 +597,14 @@ def test_a_role_whose_connection_limit_a_combining_writer_exceeds_is_told_why(
         pg_admin(f"DROP ROLE {role}")
 
 
-def test_replay_needs_two_connections_and_says_so_when_the_role_allows_one(
-    pg_dsn, pg_schema, pg_admin, alloc_ledger
-):
-    """A replay holds its pooled connection and the session that claims its
-    scratch tables (it tells abandoned ones on that same session): two."""
+@contextlib.contextmanager
+def _own_role_store(pg_dsn, pg_schema, pg_admin, alloc_ledger, *settings: str):
+    """A store in a fresh schema owned by a fresh role (``settings``: ALTER
+    ROLE clauses), two events in it: its URL (``writers=lock``)."""
     role = pg_schema  # fresh and unique
-    pg_admin(f"CREATE ROLE {role} LOGIN CONNECTION LIMIT 2")
+    pg_admin(f"CREATE ROLE {role} LOGIN")
+    for setting in settings:
+        pg_admin(f"ALTER ROLE {role} {setting}")
     pg_admin(f"CREATE SCHEMA {pg_schema} AUTHORIZATION {role}")
     try:
         parts = urlsplit(pg_dsn)
@@ -611,6 +612,20 @@ def test_replay_needs_two_connections_and_says_so_when_the_role_allows_one(
                f"?schema={pg_schema}&writers=lock")
         for event in ("node-registered", "heartbeat"):
             assert alloc_ledger("submit", event, "--node", "n1", url=url).returncode == 0
+        yield url
+    finally:
+        pg_admin(f"DROP SCHEMA IF EXISTS {pg_schema} CASCADE")
+        pg_admin(f"DROP OWNED BY {role}")
+        pg_admin(f"DROP ROLE {role}")
+
+
+def test_replay_needs_two_connections_and_says_so_when_the_role_allows_one(
+    pg_dsn, pg_schema, pg_admin, alloc_ledger
+):
+    """A replay holds its pooled connection and the session that claims its
+    scratch tables (it tells abandoned ones on that same session): two."""
+    role = pg_schema
+    with _own_role_store(pg_dsn, pg_schema, pg_admin, alloc_ledger, "CONNECTION LIMIT 2") as url:
         store = open_store(url, create=False)
         try:  # a replay killed: its scratch tables left, told abandoned by the next
             left = scratch_prefix()
@@ -626,14 +641,18 @@ def test_replay_needs_two_connections_and_says_so_when_the_role_allows_one(
         pg_admin(f"ALTER ROLE {role} CONNECTION LIMIT 1")
         refused = alloc_ledger("replay", url=url)
         assert (refused.returncode, refused.stderr) == (3, (
+            f"Error: store {url}: a replay's second connection (its claim on its scratch "
+            f'tables) refused: too many connections for role "{role}" (replay and replay '
+            "--repair hold two connections (alloc-ledger, and alloc-ledger replay, which claims "
+            "their scratch tables): the role's CONNECTION LIMIT must leave two beside its "
+            "other sessions)\n")), refused
+        pg_admin(f"ALTER ROLE {role} CONNECTION LIMIT 0")
+        none_left = alloc_ledger("submit", "heartbeat", "--node", "n1", url=url)
+        assert (none_left.returncode, none_left.stderr) == (3, (
             f"Error: cannot open store {url}: too many connections for role "
-            f'"{role}" (replay and replay --repair hold two connections (alloc-ledger, and '
-            "alloc-ledger replay, which claims their scratch tables): raise the role's "
-            "CONNECTION LIMIT to 2 or more)\n")), refused
-    finally:
-        pg_admin(f"DROP SCHEMA IF EXISTS {pg_schema} CASCADE")
-        pg_admin(f"DROP OWNED BY {role}")
-        pg_admin(f"DROP ROLE {role}")
+            f'"{role}" (a &writers=lock writer holds one connection: the role\'s other '
+            "sessions leave none (pg_stat_activity names them); raise the role's "
+            "CONNECTION LIMIT)\n")), none_left
 
 
 @pytest.mark.parametrize(("script", "named"), [
@@ -828,3 +847,30 @@ def test_an_as_of_checkpoint_is_not_worth_waiting_for_a_stuck_follower(pg_url, p
     assert waited < 5  # the lock's wait (0.2 s) and a round trip or two, not for good
     assert kept_meanwhile == [(False,)]
     assert pg_admin(f"SELECT position FROM {pg_schema}.checkpoints") == [(position,)]
+
+
+def test_a_running_replays_scratch_tables_are_kept_where_idle_sessions_are_ended(
+    pg_dsn, pg_schema, pg_admin, alloc_ledger
+):
+    """The session that claims a replay's scratch tables sits idle while the
+    replay runs: where the role (or database, or server) sets
+    idle_session_timeout, the server ends it, the claim goes with it, and a
+    second replay dropped the first one's tables from under it (which then
+    failed: 'relation "replay_…_nodes" does not exist')."""
+    with _own_role_store(pg_dsn, pg_schema, pg_admin, alloc_ledger,
+                         "SET idle_session_timeout = '500ms'") as url:
+        running = scratch_prefix()
+        store = open_store(url, create=False)
+        try:
+            with store.claimed(running):
+                Scratch(store, running).create()
+                time.sleep(1.5)  # a long replay: its claiming session idle all along
+                replayed = alloc_ledger("replay", url=url)
+                kept = pg_admin(
+                    "SELECT count(*) FROM information_schema.tables "
+                    f"WHERE table_schema = '{pg_schema}' AND table_name LIKE '{running}%'")
+        finally:
+            with contextlib.suppress(Exception):
+                store.close()
+        assert replayed.returncode == 0, replayed
+        assert kept != [(0,)], kept
