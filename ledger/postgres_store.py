@@ -638,6 +638,11 @@ class PostgresStore:
         """Create the schema once, or bring one an earlier version made up to
         this one (serialized across processes by an advisory lock)."""
         with self._connect(timeout, extra) as connection:
+            if connection.info.server_version >= 140000:
+                # Sessions idle by design (a follower or a standby listening, a
+                # replay's claim, a pooled connection between a stream's
+                # batches) are not ended by a role's or server's idle_session_timeout.
+                extra["options"] = extra.get("options", "") + " -c idle_session_timeout=0"
             version, guarded, self.schema_oid, viewed = self._found(connection)
             if version == SCHEMA_VERSION:
                 if not (guarded and viewed):
@@ -1136,8 +1141,6 @@ class PostgresStore:
         that ends, and the lock with it. The same session tells which others
         no session holds (no third connection)."""
         with self.connect(role="replay") as connection:
-            if connection.info.server_version >= 140000:  # idle all along: not ended for it
-                connection.execute("SET idle_session_timeout = 0")
             connection.execute("SELECT pg_advisory_lock(%s, hashtext(%s))", (SCRATCH_LOCK, prefix))
             yield partial(_abandoned, connection)
 

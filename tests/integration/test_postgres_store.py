@@ -11,9 +11,12 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import signal
 import socket
 import sqlite3
 import struct
+import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -874,3 +877,27 @@ def test_a_running_replays_scratch_tables_are_kept_where_idle_sessions_are_ended
                 store.close()
         assert replayed.returncode == 0, replayed
         assert kept != [(0,)], kept
+
+
+def test_a_follower_stays_connected_where_idle_sessions_are_ended(
+    pg_dsn, pg_schema, pg_admin, alloc_ledger
+):
+    """A follower listens, idle between events: where idle_session_timeout
+    is set, the server ended its session every time, and it said it was
+    reconnecting, over and over."""
+    with _own_role_store(pg_dsn, pg_schema, pg_admin, alloc_ledger,
+                         "SET idle_session_timeout = '300ms'") as url:
+        root = Path(__file__).resolve().parents[2]
+        follower = subprocess.Popen(
+            [sys.executable, "-m", "commands", "--store", url, "project", "--follow"],
+            cwd=root, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        try:
+            time.sleep(1.5)  # idle, listening
+            assert alloc_ledger("submit", "heartbeat", "--node", "n1", url=url).returncode == 0
+            time.sleep(1.5)
+        finally:
+            follower.send_signal(signal.SIGINT)
+            out, err = follower.communicate(timeout=30)
+
+    assert "reconnect" not in err + out, err
+    assert '"to": 3' in out, out
