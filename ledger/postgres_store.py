@@ -364,9 +364,9 @@ CONNECTIONS = (
     "a writer opens up to 6 connections when writers combine (the default), one with "
     "&writers=lock; raise the role's CONNECTION LIMIT or use &writers=lock"
 )
-LOCK_CONNECTIONS = (
-    "a &writers=lock writer holds one connection: the role's other sessions leave none "
-    "(pg_stat_activity names them); raise the role's CONNECTION LIMIT"
+LOCK_CONNECTIONS = (  # whichever command it is: a writer, a query, a replay's first
+    "with &writers=lock a command holds one connection (a replay two): the role's other "
+    "sessions leave none (pg_stat_activity names them); raise the role's CONNECTION LIMIT"
 )
 REPLAY_CONNECTIONS = (
     "replay and replay --repair hold two connections (alloc-ledger, and alloc-ledger replay, "

@@ -10,6 +10,7 @@ from __future__ import annotations
 import array
 import fcntl
 import glob
+import hashlib
 import os
 import sqlite3
 import stat
@@ -220,45 +221,79 @@ def _busy(error: BaseException | None) -> bool:
     return False
 
 
-def _claim_file(base: str, prefix: str) -> str:
-    return f"{base}-{prefix}claim"
+# The longest claim file's name after the store file's name: a pid of ten digits.
+_CLAIM_ROOM = len(os.fsencode("-replay_4294967295_ffffffff_claim"))
 
 
-def _abandoned(base: str, prefixes: list[str]) -> list[str]:
+def _claim_stem(base: str) -> str:
+    """What the claim files' names start with: the store file's own path, or,
+    where its name leaves no room for theirs in the folder's limit on a name
+    (``NAME_MAX``, 255 bytes on most), a hidden name beside it made of a hash
+    of the name."""
+    folder, name = os.path.split(base)
+    try:
+        limit = os.pathconf(folder or ".", "PC_NAME_MAX")
+    except (OSError, ValueError):
+        limit = 255
+    if len(os.fsencode(name)) + _CLAIM_ROOM <= limit:
+        return base
+    return os.path.join(folder, "." + hashlib.sha1(os.fsencode(name)).hexdigest()[:16])
+
+
+def _claim_file(stem: str, prefix: str) -> str:
+    return f"{stem}-{prefix}claim"
+
+
+def _abandoned(stem: str, prefixes: list[str]) -> list[str]:
     """Those whose claim file no process holds locked (or that has none: its
     replay gone, or one of an earlier release). Every claim file no one
     holds is removed, those of a replay killed before it made its tables too."""
-    claims = {prefix: _claim_file(base, prefix) for prefix in prefixes}
+    claims = {prefix: _claim_file(stem, prefix) for prefix in prefixes}
     free = []
     for prefix, path in claims.items():
         if _unclaimed(path):
             free.append(prefix)
-    for path in glob.glob(glob.escape(base) + "-replay_*_claim"):
-        if path not in claims.values() and SCRATCH.fullmatch(path[len(base) + 1:-len("claim")]):
+    for path in glob.glob(glob.escape(stem) + "-replay_*_claim"):
+        if path not in claims.values() and SCRATCH.fullmatch(path[len(stem) + 1:-len("claim")]):
             _unclaimed(path)
     return free
 
 
 def _unclaimed(path: str) -> bool:
     """Whether no process holds the claim file locked (missing: none does);
-    one no one holds is removed. Opened to read: ``flock`` needs no more, so
-    a claim file another user left (a store a group shares) is told too."""
+    one no one holds is removed. Opened to write where this user may (``flock``
+    on NFS is a lock on a byte range, which needs it), else to read (a claim
+    file another user left in a store a group shares: ``flock`` needs no more
+    on a local file system). A file it cannot lock is taken as held: its
+    tables are left."""
+    while True:
+        try:
+            descriptor = _opened_to_lock(path)
+        except FileNotFoundError:
+            return True
+        except OSError:
+            return False  # not ours to tell
+        try:
+            fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            if os.fstat(descriptor).st_ino != os.stat(path).st_ino:
+                continue  # removed and made again by a claim since it was opened: tell that one
+        except FileNotFoundError:
+            return True
+        except OSError:
+            return False  # held (EWOULDBLOCK), or no lock to be had here: left
+        else:
+            with suppress(OSError):
+                os.unlink(path)  # while locked: a claim that opened it finds it gone and makes another
+            return True
+        finally:
+            os.close(descriptor)
+
+
+def _opened_to_lock(path: str) -> int:
     try:
-        descriptor = os.open(path, os.O_RDONLY)
-    except FileNotFoundError:
-        return True
-    except OSError:
-        return False  # not ours to tell
-    try:
-        fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except OSError:
-        return False  # held: in use
-    else:
-        with suppress(OSError):
-            os.unlink(path)  # while locked: a claim that opened it finds it gone and makes another
-        return True
-    finally:
-        os.close(descriptor)
+        return os.open(path, os.O_RDWR)
+    except PermissionError:
+        return os.open(path, os.O_RDONLY)
 
 
 def describe(error: BaseException, path: str = "") -> str:
@@ -564,11 +599,11 @@ class SQLiteStore:
         opens the same file (other containers sharing the volume too; SQLite's
         own locks do not hold across machines either)."""
         self._writable()  # nothing made beside a file no one may change
-        base = os.path.realpath(self.path)
-        path = _claim_file(base, prefix)
+        stem = _claim_stem(os.path.realpath(self.path))
+        path = _claim_file(stem, prefix)
         descriptor = self._claim(path)
         try:
-            yield partial(_abandoned, base)
+            yield partial(_abandoned, stem)
         finally:
             with suppress(OSError):
                 os.unlink(path)

@@ -4,6 +4,7 @@ tables."""
 
 from __future__ import annotations
 
+import fcntl
 import json
 import subprocess
 import sys
@@ -13,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from audit_support import StoreUnderTest, history, one_line_error, run, texts
+from audit_support import StoreUnderTest, history, one_line_error, run, sqlite_store, texts
 
 from ledger.application import Ledger
 from ledger.store import open_store, scratch_prefix
@@ -417,6 +418,96 @@ def test_a_claim_file_a_replay_killed_before_it_made_its_tables_left_is_removed_
     code, _, stderr = replayed(sqlite_under_test)
 
     assert code == 0, stderr
+    assert list(sqlite_under_test.path.parent.glob("*claim")) == []
+
+
+def test_replay_of_a_store_whose_file_name_leaves_no_room_for_a_claim_files_name(
+    tmp_path: Path,
+) -> None:
+    """A store file named near the folder's limit on a name (255 bytes here;
+    SQLite needs only 4 more for its "-wal"): the claim file named after it
+    could not be made and replay exited 3. Its claim is named after a hash
+    of the name instead, and a claim file a killed replay left is found."""
+    target = sqlite_store(tmp_path, "l" * 240 + ".db")
+    told(target, events=30)
+    left = _killed_with_scratch_tables(target)
+    assert [path.name for path in tmp_path.glob(f"*{left}claim")], "the killed replay's claim"
+
+    code, report, stderr = replayed(target)
+
+    assert (code, report["ok"]) == (0, True), stderr
+    assert scratch_tables(target) == []
+    assert list(tmp_path.glob("*claim")) == []
+
+
+def test_a_claim_made_again_is_not_removed_by_a_replay_that_opened_its_first_file(
+    sqlite_under_test: StoreUnderTest, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A replay opens a claim file no one holds; before it locks it, another
+    replay removes it and a claim of the same prefix is made again (as a
+    claim whose file went before it was locked does). The first replay locks
+    the file it opened, now removed, and must not remove the claim made
+    again by its name, nor tell its tables abandoned."""
+    from ledger import sqlite_store
+
+    told(sqlite_under_test, events=30)
+    assert sqlite_under_test.path is not None
+    store = open_store(sqlite_under_test.url, create=False)
+    again = scratch_prefix()
+    with store.claimed(again):
+        pass  # its claim file let go ...
+    first = sqlite_under_test.path.parent / f"{sqlite_under_test.path.name}-{again}claim"
+    first.touch()  # ... and one left behind, as a killed claim's
+    claims = ExitStack()
+    locking = sqlite_store.fcntl.flock
+    made: list[Any] = []
+
+    def raced(descriptor: int, operation: int) -> None:
+        if operation & fcntl.LOCK_NB and not made:
+            first.unlink()  # another replay removed it ...
+            made.append(claims.enter_context(store.claimed(again)))  # ... and made again
+        locking(descriptor, operation)
+
+    monkeypatch.setattr(sqlite_store.fcntl, "flock", raced)
+    try:
+        with claims, store.claimed(scratch_prefix()) as abandoned:
+            free = abandoned([again])
+            assert (free, first.exists()) == ([], True)
+    finally:
+        store.close()
+
+
+def test_scratch_tables_of_a_killed_replay_are_dropped_where_flock_needs_a_file_open_to_write(
+    sqlite_under_test: StoreUnderTest, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """On NFS ``flock`` is a lock on a byte range, which an exclusive lock
+    takes only on a file open to write (EBADF otherwise): a claim file opened
+    only to read was taken as held, and a killed replay's tables were left
+    for ever. The claim file is opened to write where this user may."""
+    import errno
+    import os
+
+    from ledger import sqlite_store
+
+    told(sqlite_under_test, events=30)
+    _killed_with_scratch_tables(sqlite_under_test)
+    locking = sqlite_store.fcntl.flock
+
+    def as_on_nfs(descriptor: int, operation: int) -> None:
+        if fcntl.fcntl(descriptor, fcntl.F_GETFL) & os.O_ACCMODE == os.O_RDONLY:
+            raise OSError(errno.EBADF, "Bad file descriptor")
+        locking(descriptor, operation)
+
+    monkeypatch.setattr(sqlite_store.fcntl, "flock", as_on_nfs)
+    store = open_store(sqlite_under_test.url, create=False)
+    try:
+        report = replaying.replay(store)
+    finally:
+        store.close()
+
+    assert report.ok, report.differences
+    assert scratch_tables(sqlite_under_test) == []
+    assert sqlite_under_test.path is not None
     assert list(sqlite_under_test.path.parent.glob("*claim")) == []
 
 

@@ -650,12 +650,13 @@ def test_replay_needs_two_connections_and_says_so_when_the_role_allows_one(
             "their scratch tables): the role's CONNECTION LIMIT must leave two beside its "
             "other sessions)\n")), refused
         pg_admin(f"ALTER ROLE {role} CONNECTION LIMIT 0")
-        none_left = alloc_ledger("submit", "heartbeat", "--node", "n1", url=url)
-        assert (none_left.returncode, none_left.stderr) == (3, (
-            f"Error: cannot open store {url}: too many connections for role "
-            f'"{role}" (a &writers=lock writer holds one connection: the role\'s other '
-            "sessions leave none (pg_stat_activity names them); raise the role's "
-            "CONNECTION LIMIT)\n")), none_left
+        for command in (("submit", "heartbeat", "--node", "n1"), ("replay",)):
+            none_left = alloc_ledger(*command, url=url)
+            assert (none_left.returncode, none_left.stderr) == (3, (
+                f"Error: cannot open store {url}: too many connections for role "
+                f'"{role}" (with &writers=lock a command holds one connection (a replay two): '
+                "the role's other sessions leave none (pg_stat_activity names them); raise "
+                "the role's CONNECTION LIMIT)\n")), none_left
 
 
 @pytest.mark.parametrize(("script", "named"), [
