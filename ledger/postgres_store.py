@@ -360,9 +360,10 @@ ROLE_DENIED = (
 )
 
 
-CONNECTIONS = (
+CONNECTIONS = (  # whichever command it is: the writer's connections are the most
     "a writer opens up to 6 connections when writers combine (the default), one with "
-    "&writers=lock; raise the role's CONNECTION LIMIT or use &writers=lock"
+    "&writers=lock, other commands one (a replay two); raise the role's CONNECTION LIMIT "
+    "or use &writers=lock"
 )
 LOCK_CONNECTIONS = (  # whichever command it is: a writer, a query, a replay's first
     "with &writers=lock a command holds one connection (a replay two): the role's other "

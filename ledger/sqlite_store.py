@@ -8,6 +8,7 @@ decides against the current state, across processes.
 from __future__ import annotations
 
 import array
+import errno
 import fcntl
 import glob
 import hashlib
@@ -221,59 +222,53 @@ def _busy(error: BaseException | None) -> bool:
     return False
 
 
-# The longest claim file's name after the store file's name: a pid of ten digits.
-_CLAIM_ROOM = len(os.fsencode("-replay_4294967295_ffffffff_claim"))
+def _claim_files(base: str, prefix: str) -> tuple[str, str]:
+    """Where a claim of ``prefix`` may be: ``<file>-<prefix>claim``, or, where
+    the store file's name leaves no room for that (the file system refuses a
+    name so long), a hidden one named after a hash of its name."""
+    return f"{base}-{prefix}claim", f"{_hashed(base)}-{prefix}claim"
 
 
-def _claim_stem(base: str) -> str:
-    """What the claim files' names start with: the store file's own path, or,
-    where its name leaves no room for theirs in the folder's limit on a name
-    (``NAME_MAX``, 255 bytes on most), a hidden name beside it made of a hash
-    of the name."""
+def _hashed(base: str) -> str:
     folder, name = os.path.split(base)
-    try:
-        limit = os.pathconf(folder or ".", "PC_NAME_MAX")
-    except (OSError, ValueError):
-        limit = 255
-    if len(os.fsencode(name)) + _CLAIM_ROOM <= limit:
-        return base
     return os.path.join(folder, "." + hashlib.sha1(os.fsencode(name)).hexdigest()[:16])
 
 
-def _claim_file(stem: str, prefix: str) -> str:
-    return f"{stem}-{prefix}claim"
-
-
-def _abandoned(stem: str, prefixes: list[str]) -> list[str]:
-    """Those whose claim file no process holds locked (or that has none: its
-    replay gone, or one of an earlier release). Every claim file no one
-    holds is removed, those of a replay killed before it made its tables too."""
-    claims = {prefix: _claim_file(stem, prefix) for prefix in prefixes}
-    free = []
-    for prefix, path in claims.items():
-        if _unclaimed(path):
-            free.append(prefix)
-    for path in glob.glob(glob.escape(stem) + "-replay_*_claim"):
-        if path not in claims.values() and SCRATCH.fullmatch(path[len(stem) + 1:-len("claim")]):
-            _unclaimed(path)
+def _abandoned(base: str, prefixes: list[str]) -> list[str]:
+    """Those no process claims: neither claim file is held locked (or there
+    is none: its replay gone, or one of an earlier release). Every claim file
+    no one holds is removed, those of a replay killed before it made its
+    tables too."""
+    claims = {prefix: _claim_files(base, prefix) for prefix in prefixes}
+    free = [prefix for prefix, paths in claims.items() if all(map(_unclaimed, paths))]
+    told = {path for paths in claims.values() for path in paths}
+    for stem in (base, _hashed(base)):
+        for path in glob.glob(glob.escape(stem) + "-replay_*_claim"):
+            if path not in told and SCRATCH.fullmatch(path[len(stem) + 1:-len("claim")]):
+                _unclaimed(path)
     return free
+
+
+_RETRIES = 100  # claim files removed and made again under it before it gives up (held)
 
 
 def _unclaimed(path: str) -> bool:
     """Whether no process holds the claim file locked (missing: none does);
     one no one holds is removed. Opened to write where this user may (``flock``
     on NFS is a lock on a byte range, which needs it), else to read (a claim
-    file another user left in a store a group shares: ``flock`` needs no more
-    on a local file system). A file it cannot lock is taken as held: its
-    tables are left."""
-    while True:
+    file another user left in a store a group shares: any open file will do
+    for ``flock`` on a local file system). A file it cannot open or lock, or
+    that is not a plain file, is taken as held: its tables are left."""
+    for _ in range(_RETRIES):
         try:
             descriptor = _opened_to_lock(path)
-        except FileNotFoundError:
+        except (FileNotFoundError, _NameTooLong):
             return True
         except OSError:
             return False  # not ours to tell
         try:
+            if not stat.S_ISREG(os.fstat(descriptor).st_mode):
+                return False  # a FIFO, say: not a claim
             fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
             if os.fstat(descriptor).st_ino != os.stat(path).st_ino:
                 continue  # removed and made again by a claim since it was opened: tell that one
@@ -287,13 +282,24 @@ def _unclaimed(path: str) -> bool:
             return True
         finally:
             os.close(descriptor)
+    return False
+
+
+class _NameTooLong(OSError):
+    """The file system refuses a name so long (ENAMETOOLONG)."""
 
 
 def _opened_to_lock(path: str) -> int:
+    """Opened without waiting (a FIFO would wait for a writer for ever)."""
     try:
-        return os.open(path, os.O_RDWR)
-    except PermissionError:
-        return os.open(path, os.O_RDONLY)
+        try:
+            return os.open(path, os.O_RDWR | os.O_NONBLOCK)
+        except PermissionError:
+            return os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    except OSError as error:
+        if error.errno == errno.ENAMETOOLONG:
+            raise _NameTooLong(error.errno, error.strerror, path) from None
+        raise
 
 
 def describe(error: BaseException, path: str = "") -> str:
@@ -599,30 +605,39 @@ class SQLiteStore:
         opens the same file (other containers sharing the volume too; SQLite's
         own locks do not hold across machines either)."""
         self._writable()  # nothing made beside a file no one may change
-        stem = _claim_stem(os.path.realpath(self.path))
-        path = _claim_file(stem, prefix)
-        descriptor = self._claim(path)
+        base = os.path.realpath(self.path)
+        path, descriptor = self._claim(base, prefix)
         try:
-            yield partial(_abandoned, stem)
+            yield partial(_abandoned, base)
         finally:
             with suppress(OSError):
                 os.unlink(path)
             os.close(descriptor)
 
-    def _claim(self, path: str) -> int:
-        """The claim file made and locked; made again if another process
-        removed it (telling it unclaimed) between the two."""
+    def _claim(self, base: str, prefix: str) -> tuple[str, int]:
+        """The claim file made and locked (the hashed name where the file
+        system refuses the first as too long), with the store file's
+        permissions (whoever may write the store may lock it on NFS); made
+        again if another process removed it (telling it unclaimed) between
+        the two."""
+        plain, hashed = _claim_files(base, prefix)
+        path = plain
         while True:
             try:
                 descriptor = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
             except OSError as error:
+                if error.errno == errno.ENAMETOOLONG and path == plain:
+                    path = hashed
+                    continue
                 raise StoreUnavailable(
                     f"store {self.url}: cannot make {path} (a replay's claim on its scratch "
                     f"tables): {error.strerror}") from None
+            with suppress(OSError):
+                os.fchmod(descriptor, stat.S_IMODE(os.stat(base).st_mode) & 0o666)
             try:
                 fcntl.flock(descriptor, fcntl.LOCK_EX)
                 if os.fstat(descriptor).st_ino == os.stat(path).st_ino:
-                    return descriptor
+                    return path, descriptor
             except FileNotFoundError:
                 pass
             except OSError as error:

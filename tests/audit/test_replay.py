@@ -542,3 +542,115 @@ def test_scratch_tables_of_a_killed_replay_whose_claim_file_is_another_users_are
 
     assert report.ok, report.differences
     assert scratch_tables(sqlite_under_test) == []
+
+
+def test_a_replay_whose_folder_limit_reads_otherwise_leaves_tables_in_use(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Whether claims are named after a hash hangs on ``pathconf(NAME_MAX)``,
+    which processes sharing a store need not answer alike: glibc asks the file
+    system (vfat and exfat say 1530), musl always says 255. A replay told 1530
+    claims ``<file>-<prefix>claim``; one told 255 looks for ``.<hash>-...``,
+    finds none, and drops the tables of the replay still running."""
+    from ledger import sqlite_store as sqlite_module
+
+    target = sqlite_store(tmp_path, "l" * 221 + ".db")  # 224 bytes: either answer fits
+    told(target, events=30)
+    running = scratch_prefix()
+    with monkeypatch.context() as patched:
+        patched.setattr(sqlite_module.os, "pathconf", lambda path, name: 1530)
+        store = open_store(target.url, create=False)
+        claim = store.claimed(running)
+        claim.__enter__()
+    try:
+        replaying.Scratch(store, running).create()
+        code, _, stderr = replayed(target)  # another process: pathconf answers 255
+        kept = scratch_tables(target)
+    finally:
+        replaying._drop(store, running)
+        claim.__exit__(None, None, None)
+        store.close()
+
+    assert code == 0, stderr
+    assert kept and all(name.startswith(running) for name in kept), kept
+
+
+def test_replay_of_a_long_store_name_where_pathconf_counts_bytes_of_wide_characters(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """vfat and exfat hold names of 255 characters but answer NAME_MAX 1530
+    (255 x 6 bytes): a store file of 244 bytes gets no hashed claim name,
+    and ``<file>-<prefix>claim`` (over 255) cannot be made: replay exits 3,
+    as before the hash."""
+    from ledger import sqlite_store as sqlite_module
+
+    target = sqlite_store(tmp_path, "l" * 240 + ".db")
+    told(target, events=30)
+    monkeypatch.setattr(sqlite_module.os, "pathconf", lambda path, name: 1530)
+    store = open_store(target.url, create=False)
+    try:
+        report = replaying.replay(store)
+    finally:
+        store.close()
+
+    assert report.ok, report.differences
+
+
+def test_a_fifo_named_like_another_users_claim_file_does_not_hang_replay(
+    sqlite_under_test: StoreUnderTest,
+) -> None:
+    """Whatever sits beside the store under a claim file's name is opened to
+    tell it: a FIFO this user may not write is opened to read, which waits
+    for a writer for ever (open without O_NONBLOCK), and replay hangs."""
+    import os
+
+    told(sqlite_under_test, events=30)
+    assert sqlite_under_test.path is not None
+    fifo = sqlite_under_test.path.parent / f"{sqlite_under_test.path.name}-replay_1_0badf1f0_claim"
+    os.mkfifo(fifo, 0o444)
+    script = textwrap.dedent(f"""
+        import os
+        opened = os.open
+        def as_another_user(path, flags, *args, **kwargs):  # root may write any file
+            if str(path) == {str(fifo)!r} and flags & (os.O_WRONLY | os.O_RDWR):
+                raise PermissionError(13, "Permission denied", str(path))
+            return opened(path, flags, *args, **kwargs)
+        os.open = as_another_user
+        from ledger.store import open_store
+        from projections import replay
+        store = open_store({sqlite_under_test.url!r}, create=False)
+        print(replay.replay(store).ok)
+        store.close()
+    """)
+    root = Path(__file__).resolve().parents[2]
+    try:
+        done = subprocess.run([sys.executable, "-c", script], capture_output=True, cwd=root,
+                              timeout=30, check=False)
+    except subprocess.TimeoutExpired:
+        pytest.fail("replay hung opening a FIFO named like a claim file")
+    assert (done.returncode, done.stdout.strip()) == (0, b"True"), done.stderr
+
+
+def test_a_claim_file_has_the_store_files_permissions_whatever_the_umask(
+    sqlite_under_test: StoreUnderTest,
+) -> None:
+    """A store a group shares (0664): a claim made under umask 077 was 0600,
+    which the group may not open at all (nor open to write, which ``flock``
+    on NFS needs), so a killed replay's tables were left for its owner
+    alone. The claim file takes the store file's permissions."""
+    import os
+
+    told(sqlite_under_test, events=30)
+    assert sqlite_under_test.path is not None
+    sqlite_under_test.path.chmod(0o664)
+    store = open_store(sqlite_under_test.url, create=False)
+    masked = os.umask(0o077)
+    try:
+        with store.claimed(scratch_prefix()):
+            claim = next(sqlite_under_test.path.parent.glob("*claim"))
+            mode = claim.stat().st_mode & 0o777
+    finally:
+        os.umask(masked)
+        store.close()
+
+    assert oct(mode) == oct(0o664)

@@ -590,7 +590,8 @@ def test_a_role_whose_connection_limit_a_combining_writer_exceeds_is_told_why(
         assert done.stderr == (
             f"Error: cannot open store {url}&timeout=3: too many connections for role "
             f'"{role}" (a writer opens up to 6 connections when writers combine (the default), '
-            "one with &writers=lock; raise the role's CONNECTION LIMIT or use &writers=lock)\n")
+            "one with &writers=lock, other commands one (a replay two); raise the role's "
+            "CONNECTION LIMIT or use &writers=lock)\n")
         locked = alloc_ledger("submit", "node-registered", "--node", "n1",
                               url=f"{url}&writers=lock")
         assert locked.returncode == 0, locked
