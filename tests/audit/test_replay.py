@@ -55,6 +55,15 @@ def replayed(target: StoreUnderTest, *args: str) -> tuple[int, dict[str, Any], b
     return done.returncode, json.loads(done.stdout), done.stderr
 
 
+def replayed_here(target: StoreUnderTest) -> replaying.ReplayReport:
+    """A replay in this process (where a test patched what it calls)."""
+    store = open_store(target.url, create=False)
+    try:
+        return replaying.replay(store)
+    finally:
+        store.close()
+
+
 def test_replay_of_untouched_tables_finds_no_difference_and_leaves_them_alone(
     under_test: StoreUnderTest,
 ) -> None:
@@ -499,11 +508,7 @@ def test_scratch_tables_of_a_killed_replay_are_dropped_where_flock_needs_a_file_
         locking(descriptor, operation)
 
     monkeypatch.setattr(sqlite_store.fcntl, "flock", as_on_nfs)
-    store = open_store(sqlite_under_test.url, create=False)
-    try:
-        report = replaying.replay(store)
-    finally:
-        store.close()
+    report = replayed_here(sqlite_under_test)
 
     assert report.ok, report.differences
     assert scratch_tables(sqlite_under_test) == []
@@ -534,11 +539,7 @@ def test_scratch_tables_of_a_killed_replay_whose_claim_file_is_another_users_are
             return opened(path, flags, *args, **kwargs)
 
         monkeypatch.setattr(os, "open", as_another_user)
-    store = open_store(sqlite_under_test.url, create=False)
-    try:
-        report = replaying.replay(store)
-    finally:
-        store.close()
+    report = replayed_here(sqlite_under_test)
 
     assert report.ok, report.differences
     assert scratch_tables(sqlite_under_test) == []
@@ -587,11 +588,7 @@ def test_replay_of_a_long_store_name_where_pathconf_counts_bytes_of_wide_charact
     target = sqlite_store(tmp_path, "l" * 240 + ".db")
     told(target, events=30)
     monkeypatch.setattr(sqlite_module.os, "pathconf", lambda path, name: 1530)
-    store = open_store(target.url, create=False)
-    try:
-        report = replaying.replay(store)
-    finally:
-        store.close()
+    report = replayed_here(target)
 
     assert report.ok, report.differences
 
