@@ -354,6 +354,11 @@ STATEMENT_TIMEOUT = (
     "it for this role, e.g. ALTER ROLE name SET statement_timeout = '5min'"
 )
 
+READ_ONLY = (
+    "the server takes no writes: a standby in recovery, or default_transaction_read_only "
+    "set for this role or database; give --store the primary"
+)
+
 ROLE_DENIED = (
     "alloc-ledger's commands need a role that may use the ledger's own tables, such as their "
     "owner; a role from grant-reporting reads the projection tables with SQL only"
@@ -378,7 +383,7 @@ REPLAY_CONNECTIONS = (
 
 def describe(error: BaseException, hint: bool = True) -> str:
     """One line for a database error: the server's message, without libpq's
-    hints, with ours for a statement timeout or a privilege refused."""
+    hints, with ours for a statement timeout, a read-only server or a privilege refused."""
     cause = error.__cause__ if isinstance(error, PersistenceError) and error.__cause__ else error
     diag = getattr(cause, "diag", None)
     primary = getattr(diag, "message_primary", None)
@@ -387,6 +392,8 @@ def describe(error: BaseException, hint: bool = True) -> str:
     line = lines[0] if lines else type(cause).__name__
     if hint and isinstance(cause, psycopg.errors.QueryCanceled) and "statement timeout" in line:
         return f"{line} ({STATEMENT_TIMEOUT})"
+    if hint and isinstance(cause, psycopg.errors.ReadOnlySqlTransaction):
+        return f"{line} ({READ_ONLY})"  # 'cannot execute LISTEN during recovery' and the like
     if hint and isinstance(cause, psycopg.errors.InsufficientPrivilege) and re.match(
         r"permission denied for (table|view|sequence|relation) ", line
     ):  # not for a database or schema: creating a ledger asks for more

@@ -31,7 +31,7 @@ from typing import Any
 
 from ledger.collection import fewer_collections
 from ledger.domain import Cluster
-from ledger.errors import LogEdited
+from ledger.errors import LedgerError, LogEdited
 from ledger.pipeline import prompt_switches
 from ledger.records import Progress, check_read_whole, replay_log
 from ledger.store import SCRATCH, Abandoned, LoggedEvent, Store, scratch_prefix
@@ -224,8 +224,13 @@ def scratch_tables(store: Store) -> Iterator[Scratch]:
         try:
             scratch.create()
             yield scratch
-        finally:
-            _drop(store, prefix)
+        except BaseException:
+            try:
+                _drop(store, prefix)
+            except LedgerError:  # the store went away: why it stopped is what to tell;
+                pass  # the next replay drops them, as a killed one's (``Store.claimed``)
+            raise
+        _drop(store, prefix)
 
 
 def _drop(store: Store, prefix: str) -> None:

@@ -321,3 +321,32 @@ def test_a_writer_cut_off_while_handing_its_batch_over_says_its_events_may_be_ke
 
     assert str(lost.value).endswith(
         "(after the batch was handed over: its events may or may not be kept)"), lost.value
+
+
+@pytest.mark.parametrize("writers", ["lock", "combine"])
+def test_a_server_that_takes_no_writes_is_named_so(pg_url, monkeypatch, writers):
+    """A standby in recovery refuses LISTEN and writes with 'cannot execute …
+    during recovery' (helper-203, a private server started with standby.signal);
+    a role or database with default_transaction_read_only set refuses them the
+    same way (SQLSTATE 25006), which this server can show."""
+    url = f"{pg_url}&writers={writers}"
+    _register(url, "n1")
+    connect = psycopg.Connection.connect.__func__  # type: ignore[attr-defined]
+
+    def read_only(cls: Any, *args: Any, **kwargs: Any) -> Any:  # every connection, pools' too
+        connection = connect(cls, *args, **kwargs)
+        connection.execute("SET default_transaction_read_only = on")
+        if not connection.autocommit:
+            connection.commit()
+        return connection
+
+    monkeypatch.setattr(psycopg.Connection, "connect", classmethod(read_only))
+    monkeypatch.setattr(psycopg, "connect", psycopg.Connection.connect)
+    with pytest.raises(StoreUnavailable) as refused, Ledger.open(url) as writer:
+        writer.submit({"type": "heartbeat", "node": "n1"})
+
+    message = str(refused.value)
+    assert "read-only transaction (the server takes no writes: a standby in recovery, or " \
+        "default_transaction_read_only set for this role or database; give --store the " \
+        "primary)" in message, message
+    assert "\n" not in message
