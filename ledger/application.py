@@ -18,7 +18,7 @@ from ledger.batches import batched, input_size
 from ledger.chain import GENESIS, link
 from ledger.collection import fewer_collections
 from ledger.domain import AlreadyPlaced, Cluster, touched_by
-from ledger.errors import InvalidEvent, LogEdited, LogEndsEarly, RuleViolation
+from ledger.errors import InvalidEvent, LedgerClosed, LogEdited, LogEndsEarly, RuleViolation
 from ledger.model import RULES, Event, Fact, Receipt, answered, timestamp, valid_of
 from ledger.records import REJECTED, Record, decode, encode
 from ledger.retries import First, first
@@ -81,6 +81,10 @@ class Ledger:
             self._closed = True
             self.store.close()
 
+    def _check_open(self) -> None:
+        if self._closed:
+            raise LedgerClosed("this ledger was closed: Ledger.open another to submit")
+
     def __enter__(self) -> Self:
         return self
 
@@ -100,7 +104,18 @@ class Ledger:
     def submit_many(self, stream: Iterable[Submission], batch: int = 1000) -> Iterator[Receipt]:
         """Submit a stream in batches of at most ``batch`` events, each ending
         sooner once its text reaches ``ledger.batches.BATCH_BYTES``; yield each
-        receipt once its batch is durable."""
+        receipt once its batch is durable. The stream is read a batch ahead
+        (``submit_batches``): for events that arrive one by one, ``submit``."""
+        if isinstance(stream, dict | str | bytes | bytearray):  # its keys, its characters
+            raise TypeError(
+                "submit_many takes an iterable of events (dicts or JSON texts); "
+                "submit takes one event")
+        if isinstance(batch, bool) or not isinstance(batch, int) or batch < 1:
+            raise ValueError(f"batch must be a whole number of at least 1, not {batch!r}")
+        self._check_open()
+        return self._submit_many(stream, batch)
+
+    def _submit_many(self, stream: Iterable[Submission], batch: int) -> Iterator[Receipt]:
         for receipts in self.submit_batches(batched(stream, batch, input_size)):
             yield from receipts
 
@@ -112,6 +127,7 @@ class Ledger:
         decided while the last one commits (``ledger.pipeline``): so take the
         next batch only from what is already there (a file, a list), never
         from a producer that waits for these receipts."""
+        self._check_open()
         if not self.store.overlaps:
             yield from map(self.submit_batch, batches)
             return
@@ -120,6 +136,7 @@ class Ledger:
     @fewer_collections()
     def submit_batch(self, items: list[Submission]) -> list[Receipt]:
         """Validate, decide and append a batch in one transaction."""
+        self._check_open()
         parsed = self.parse_all(items)
         valid = valid_of(parsed)
         return answered(parsed, self.store.decide(valid, self) if valid else [])

@@ -15,6 +15,10 @@ class StoreUnavailable(LedgerError):
     """The store cannot be opened, reached or written."""
 
 
+class LedgerClosed(LedgerError):
+    """A ledger used after ``close()``: open another."""
+
+
 class LockWaitedOut(StoreUnavailable):
     """Another transaction held a lock longer than this one would wait."""
 

@@ -543,6 +543,9 @@ class PostgresStore:
             self.connect_args["password"] = options["password"]
         timeout = self.connect_timeout = self._seconds(options, "connect_timeout", 5)
         self.handoff = Handoff(self, self._seconds(options, "timeout", 30))
+        # A process's batches go one at a time: the hand-over shares one writer
+        # connection and its notifications, a lock writer the pool's connection.
+        self._deciding = threading.RLock()
         # Sessions are named in pg_stat_activity (the URL's name, if it gives one).
         self.named = "application_name" not in options
         extra = {"options": f"-c search_path={self.schema}", "application_name": APPLICATION}
@@ -552,7 +555,11 @@ class PostgresStore:
         try:
             self.datastore = PostgresDatastore(
                 **self.connect_args, schema=self.schema, connect_timeout=timeout,
-                pool_size=1, max_overflow=3, pool_open_timeout=timeout,
+                # no pool_open_timeout: eventsourcing would call psycopg_pool's
+                # open(wait=True) at every use, which asserts (and after its
+                # timeout closes the pool for good) once two threads find the
+                # pool's one connection taken; the pool's timeout bounds a wait
+                pool_size=1, max_overflow=3,
                 idle_in_transaction_session_timeout=IDLE_IN_TRANSACTION,
             )
             arguments = self.datastore.pool.kwargs  # every pooled connection's
@@ -589,9 +596,10 @@ class PostgresStore:
         """Hand the batch to the writer that leads, which decides every waiting
         batch in one transaction (``ledger.postgres_handoff``), or
         (``?writers=lock``) take the log's lock and decide in this process's own."""
-        if self.combines:
-            return self.handoff.decide(batch, decider)
-        return decide_here(self, batch, decider)
+        with self._deciding:
+            if self.combines:
+                return self.handoff.decide(batch, decider)
+            return decide_here(self, batch, decider)
 
     def _seconds(self, options: dict[str, str], name: str, default: float) -> float:
         try:

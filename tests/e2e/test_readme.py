@@ -52,6 +52,21 @@ def test_the_contract_in_the_repository_is_the_products_own():
         encoding="utf-8"), "the contract changed: read it, then copy it to docs/SPEC.md"
 
 
+def test_the_readmes_python_example_runs_as_its_comments_say(tmp_path, monkeypatch):
+    text = README.read_text(encoding="utf-8")
+    section = text[text.index("### Python API"):]
+    code = section.split("```python\n", 1)[1].split("\n```", 1)[0]
+    monkeypatch.chdir(tmp_path)  # its store: sqlite:///alloc-ledger.db, a new file
+    scope: dict[str, Any] = {}
+    exec(compile(code, "README.md (Python API)", "exec"), scope)  # noqa: S102 - the README's own
+    assert [r.status for r in scope["receipts"]] == ["appended", "appended"]
+    receipt = scope["receipt"]
+    assert "# ('appended', 3, None) on a new file" in code
+    assert (receipt.status, receipt.position, receipt.error) == ("appended", 3, None)
+    assert "# True, {'status': 'appended', ...}" in code
+    assert receipt.ok and receipt.as_dict() == {"status": "appended", "position": 3, "error": None}
+
+
 # -- the SQL for reporting tools runs as written, on both stores ----------------------
 
 SPREAD = timedelta(seconds=0.3)  # the history's events 0.3 s apart: 15 minutes of 3,000
