@@ -558,12 +558,16 @@ class PostgresStore:
                 # no pool_open_timeout: eventsourcing would call psycopg_pool's
                 # open(wait=True) at every use, which asserts (and after its
                 # timeout closes the pool for good) once two threads find the
-                # pool's one connection taken; the pool's timeout bounds a wait
+                # pool's one connection taken; it is opened once, below
                 pool_size=1, max_overflow=3,
                 idle_in_transaction_session_timeout=IDLE_IN_TRANSACTION,
             )
             arguments = self.datastore.pool.kwargs  # every pooled connection's
             arguments.update(extra, cursor_factory=SyncingCursor)  # type: ignore[union-attr]
+            # its one connection made before a first use asks for one (which,
+            # finding none yet, would have the pool make another: a role's
+            # CONNECTION LIMIT counts them)
+            self.datastore.pool.open(wait=True, timeout=timeout)
             self.recorder = LogRecorder(self.datastore, tracking_table_name=TRACKING)
             self.datastore.register_type_adapters()
         except (PersistenceError, psycopg.Error) as error:
