@@ -70,16 +70,23 @@ class Ledger:
         # kept: a tenth of the memory of the events they were decided from)
         self._recent_ids: dict[str, LoggedEvent] = {}
         self._deciding = threading.RLock()  # a PostgreSQL standby thread may decide too
+        # held by a batch's submission and by ``close``: a process's batches
+        # go one at a time (on PostgreSQL its hand-over shares one writer
+        # connection and its notifications), and a ledger closed by another
+        # thread lets the batch in flight end; the next one is told
+        self._using = threading.RLock()
 
     @classmethod
     def open(cls, url: str | None = None, create: bool = True) -> Ledger:
         return cls(open_store(url, create))
 
     def close(self) -> None:
-        """Close the store (once: again does nothing)."""
-        if not self._closed:
-            self._closed = True
-            self.store.close()
+        """Close the store (once: again does nothing), once a batch another
+        thread submits has ended."""
+        with self._using:
+            if not self._closed:
+                self._closed = True
+                self.store.close()
 
     def _check_open(self) -> None:
         if self._closed:
@@ -136,10 +143,11 @@ class Ledger:
     @fewer_collections()
     def submit_batch(self, items: list[Submission]) -> list[Receipt]:
         """Validate, decide and append a batch in one transaction."""
-        self._check_open()
-        parsed = self.parse_all(items)
-        valid = valid_of(parsed)
-        return answered(parsed, self.store.decide(valid, self) if valid else [])
+        with self._using:
+            self._check_open()
+            parsed = self.parse_all(items)
+            valid = valid_of(parsed)
+            return answered(parsed, self.store.decide(valid, self) if valid else [])
 
     @classmethod
     def parse_all(cls, items: list[Submission]) -> list[Event | Receipt]:
@@ -356,11 +364,13 @@ class Ledger:
 
     def lag(self) -> int:
         """How many positions the projection tables are behind the log."""
+        self._check_open()
         with self.store.reading() as cursor:
             return self.store.head(cursor) - self.store.tracked(cursor)
 
     def project(self, limit: int | None = None) -> tuple[int, int]:
         """Bring the projection tables up to date; return (from, to) positions."""
+        self._check_open()
         start, end = self.projector.update(limit)
         self.forget()
         return start, end

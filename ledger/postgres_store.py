@@ -543,9 +543,6 @@ class PostgresStore:
             self.connect_args["password"] = options["password"]
         timeout = self.connect_timeout = self._seconds(options, "connect_timeout", 5)
         self.handoff = Handoff(self, self._seconds(options, "timeout", 30))
-        # A process's batches go one at a time: the hand-over shares one writer
-        # connection and its notifications, a lock writer the pool's connection.
-        self._deciding = threading.RLock()
         # Sessions are named in pg_stat_activity (the URL's name, if it gives one).
         self.named = "application_name" not in options
         extra = {"options": f"-c search_path={self.schema}", "application_name": APPLICATION}
@@ -600,10 +597,9 @@ class PostgresStore:
         """Hand the batch to the writer that leads, which decides every waiting
         batch in one transaction (``ledger.postgres_handoff``), or
         (``?writers=lock``) take the log's lock and decide in this process's own."""
-        with self._deciding:
-            if self.combines:
-                return self.handoff.decide(batch, decider)
-            return decide_here(self, batch, decider)
+        if self.combines:
+            return self.handoff.decide(batch, decider)
+        return decide_here(self, batch, decider)
 
     def _seconds(self, options: dict[str, str], name: str, default: float) -> float:
         try:

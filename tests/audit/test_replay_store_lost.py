@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 from audit_support import StoreUnderTest
-from test_replay import told
+from test_replay import replayed_here, scratch_tables, told
 
 from ledger.errors import StoreUnavailable
 from ledger.store import open_store
@@ -56,3 +56,23 @@ def test_a_replay_cut_off_reports_why_it_stopped_not_the_failed_cleanup(
         store.projecting = projecting  # type: ignore[method-assign]
         store.close()
     assert LOST in str(raised.value), str(raised.value)
+
+
+@pytest.mark.parametrize("error", [RuntimeError("a bug mid-way"), KeyboardInterrupt()])
+def test_a_replay_stopped_otherwise_still_drops_its_scratch_tables(
+    under_test: StoreUnderTest, monkeypatch: pytest.MonkeyPatch, error: BaseException,
+) -> None:
+    """Only a failed drop is left to the next replay: a replay stopped by an
+    error of its own or Ctrl-C, with its store still there, drops them."""
+    told(under_test, events=300)
+    made: list[list[str]] = []
+
+    def stopped(store: Any, scratch: Any) -> Any:
+        made.append(scratch_tables(under_test))
+        raise error
+
+    monkeypatch.setattr(replaying, "_against_live", stopped)
+    with pytest.raises(type(error)):
+        replayed_here(under_test)
+    assert made and made[0], "the replay made no scratch tables to drop"
+    assert scratch_tables(under_test) == []

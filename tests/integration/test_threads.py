@@ -17,7 +17,7 @@ import pytest
 from ledger.application import Ledger
 from ledger.errors import LedgerClosed
 
-THREADS, EACH = 4, 12
+THREADS, EACH = 6, 20
 
 
 def _url(store_url: str, writers: str) -> str:
@@ -120,3 +120,57 @@ def test_submit_many_takes_a_batch_of_at_least_one(tmp_path: Any, batch: Any) ->
     with Ledger.open(f"sqlite:///{tmp_path}/l.db") as ledger, pytest.raises(
             ValueError, match="batch must be a whole number of at least 1"):
         ledger.submit_many([{"type": "node-registered", "node": "n1"}], batch=batch)
+
+
+# -- helper-205's review ------------------------------------------------------------
+
+
+def test_a_closed_ledger_says_so_for_its_reads_too(store_url: str) -> None:
+    """README: exceptions are all LedgerErrors, ``LedgerClosed`` for a ledger
+    used after ``close()``. Its reads (lag, project) raised eventsourcing's
+    ConnectionPoolClosedError, with no text, on SQLite, and on PostgreSQL a
+    StoreUnavailable ('pool has already been opened/closed') that reads as a
+    store to retry."""
+    ledger = Ledger.open(store_url)
+    assert ledger.submit({"type": "node-registered", "node": "n1"}).ok
+    ledger.close()
+    for attempt in (ledger.lag, ledger.project):
+        with pytest.raises(LedgerClosed, match="this ledger was closed"):
+            attempt()
+
+
+def test_a_ledger_closed_by_another_thread_mid_submit_lets_its_batch_end(
+    store_url: str,
+) -> None:
+    """Another thread closes the ledger while this one's submit parses its
+    batch (helper-205): the close waits for that batch, which is kept, and
+    the next submit is told the ledger is closed at once. Before, on
+    PostgreSQL, the hand-over opened its writer connection again after
+    close(), waited its whole ``timeout`` for a leader no one would start
+    ('no writer decided the batch within 3 s') and left that connection open."""
+    url = f"{store_url}&timeout=3" if store_url.startswith("postgres") else store_url
+    ledger = Ledger.open(url)
+    assert ledger.submit({"type": "node-registered", "node": "n1"}).ok
+    parse_all = ledger.parse_all
+    closer = threading.Thread(target=ledger.close)
+
+    def parsed_while_closing(items: Any) -> Any:
+        closer.start()
+        time.sleep(0.3)  # the closer waits for this batch
+        assert closer.is_alive()
+        return parse_all(items)
+
+    ledger.parse_all = parsed_while_closing  # type: ignore[method-assign]
+    started = time.monotonic()
+    receipt = ledger.submit({"type": "heartbeat", "node": "n1"})
+    closer.join(10)
+    assert (receipt.status, receipt.position, closer.is_alive()) == ("appended", 2, False)
+    with pytest.raises(LedgerClosed):
+        ledger.submit({"type": "heartbeat", "node": "n1"})
+    assert time.monotonic() - started < 2.5
+    handoff = getattr(ledger.store, "handoff", None)
+    if handoff is not None:
+        assert handoff.connection is None or handoff.connection.closed, \
+            "a connection made after close() was left open"
+    with Ledger.open(url) as reopened:  # the batch in flight was kept, nothing after it
+        assert reopened.submit({"type": "heartbeat", "node": "n1"}).position == 3
