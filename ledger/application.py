@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Generator, Iterable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, Self
@@ -88,9 +89,17 @@ class Ledger:
                 self._closed = True
                 self.store.close()
 
-    def _check_open(self) -> None:
+    def check_open(self) -> None:
+        """Raise ``LedgerClosed`` once ``close`` was called."""
         if self._closed:
             raise LedgerClosed("this ledger was closed: Ledger.open another to submit")
+
+    @contextmanager
+    def in_use(self) -> Iterator[None]:
+        """While a batch is submitted or written: ``close`` waits for it to end."""
+        with self._using:
+            self.check_open()
+            yield
 
     def __enter__(self) -> Self:
         return self
@@ -119,7 +128,7 @@ class Ledger:
                 "submit takes one event")
         if isinstance(batch, bool) or not isinstance(batch, int) or batch < 1:
             raise ValueError(f"batch must be a whole number of at least 1, not {batch!r}")
-        self._check_open()
+        self.check_open()
         return self._submit_many(stream, batch)
 
     def _submit_many(self, stream: Iterable[Submission], batch: int) -> Iterator[Receipt]:
@@ -134,7 +143,7 @@ class Ledger:
         decided while the last one commits (``ledger.pipeline``): so take the
         next batch only from what is already there (a file, a list), never
         from a producer that waits for these receipts."""
-        self._check_open()
+        self.check_open()
         if not self.store.overlaps:
             yield from map(self.submit_batch, batches)
             return
@@ -143,8 +152,7 @@ class Ledger:
     @fewer_collections()
     def submit_batch(self, items: list[Submission]) -> list[Receipt]:
         """Validate, decide and append a batch in one transaction."""
-        with self._using:
-            self._check_open()
+        with self.in_use():
             parsed = self.parse_all(items)
             valid = valid_of(parsed)
             return answered(parsed, self.store.decide(valid, self) if valid else [])
@@ -364,13 +372,13 @@ class Ledger:
 
     def lag(self) -> int:
         """How many positions the projection tables are behind the log."""
-        self._check_open()
+        self.check_open()
         with self.store.reading() as cursor:
             return self.store.head(cursor) - self.store.tracked(cursor)
 
     def project(self, limit: int | None = None) -> tuple[int, int]:
         """Bring the projection tables up to date; return (from, to) positions."""
-        self._check_open()
+        self.check_open()
         start, end = self.projector.update(limit)
         self.forget()
         return start, end

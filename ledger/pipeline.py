@@ -88,6 +88,7 @@ def overlapped(ledger: Ledger, batches: Iterable[list[Any]]) -> Iterator[list[Re
                     ahead = None
                     if valid and flying is not None:
                         flying.decided.wait()
+                        ledger.check_open()  # closed by another thread meanwhile
                         with ledger.store.reading() as cursor:
                             ahead = ledger.decide_ahead(cursor, valid)
                     if flying is not None:
@@ -104,7 +105,7 @@ def overlapped(ledger: Ledger, batches: Iterable[list[Any]]) -> Iterator[list[Re
                     reported, flying = flying, None
                     yield reported.result()
                 finished = True
-            except BaseException:
+            except BaseException as error:
                 # At a ``yield`` nothing is in flight (a reader stopping is not
                 # this): the error is this thread's, or the batch in flight's.
                 # What is committed is reported, in order, before it.
@@ -112,6 +113,8 @@ def overlapped(ledger: Ledger, batches: Iterable[list[Any]]) -> Iterator[list[Re
                     if batch is not None and (done := batch.outcome()) is not None:
                         reporting = flying = None
                         yield done
+                if isinstance(error, Exception):  # its store closed under a read ahead
+                    ledger.check_open()
                 raise
     finally:
         if not finished:
@@ -125,7 +128,7 @@ def _write(
     and commit."""
     store = ledger.store
     try:
-        with store.writing() as cursor:
+        with ledger.in_use(), store.writing() as cursor:
             if ahead is None:
                 try:
                     return ledger.decide(cursor, batch)

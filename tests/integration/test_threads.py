@@ -174,3 +174,25 @@ def test_a_ledger_closed_by_another_thread_mid_submit_lets_its_batch_end(
             "a connection made after close() was left open"
     with Ledger.open(url) as reopened:  # the batch in flight was kept, nothing after it
         assert reopened.submit({"type": "heartbeat", "node": "n1"}).position == 3
+
+
+def test_a_stream_closed_by_another_thread_ends_with_ledger_closed(store_url: str) -> None:
+    """``submit_many`` read a batch ahead (SQLite decides the next batch while
+    the last commits): a close from another thread between two batches ends
+    the stream with ``LedgerClosed``, after the receipts of what was kept."""
+    ledger = Ledger.open(store_url)
+    assert ledger.submit({"type": "node-registered", "node": "n1"}).ok
+    events = ({"type": "heartbeat", "node": "n1", "id": f"h{k}"} for k in range(200))
+    receipts: list[Any] = []
+    closer = threading.Thread(target=ledger.close)
+    with pytest.raises(LedgerClosed):
+        for receipt in ledger.submit_many(events, batch=10):
+            receipts.append(receipt)
+            if len(receipts) == 10:
+                closer.start()
+                closer.join(10)
+    assert not closer.is_alive()
+    assert [(r.status, r.position) for r in receipts] == [
+        ("appended", p) for p in range(2, 2 + len(receipts))]
+    with Ledger.open(store_url) as reopened:  # what was reported is what was kept
+        assert reopened.submit({"type": "heartbeat", "node": "n1"}).position == 2 + len(receipts)
