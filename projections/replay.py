@@ -25,7 +25,7 @@ import re
 import time
 from collections.abc import Iterable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -225,10 +225,10 @@ def scratch_tables(store: Store) -> Iterator[Scratch]:
             scratch.create()
             yield scratch
         except BaseException:
-            try:
+            # the store gone, why it stopped is what to tell; the next replay
+            # drops them, as a killed one's (``Store.claimed``)
+            with suppress(LedgerError):
                 _drop(store, prefix)
-            except LedgerError:  # the store went away: why it stopped is what to tell;
-                pass  # the next replay drops them, as a killed one's (``Store.claimed``)
             raise
         _drop(store, prefix)
 
