@@ -374,6 +374,11 @@ LOCK_CONNECTIONS = (  # whichever command it is: a writer, a query, a replay's f
     "with &writers=lock a command holds one connection (a replay two): the role's other "
     "sessions leave none (pg_stat_activity names them); raise the role's CONNECTION LIMIT"
 )
+CREATE_CONNECTIONS = (
+    "creating a ledger holds two connections (its schema's lock, and the one that makes its "
+    "tables), whatever its writers: the role's CONNECTION LIMIT must leave two beside its "
+    "other sessions, or create it once as a role that may"
+)
 REPLAY_CONNECTIONS = (
     "replay and replay --repair hold two connections (alloc-ledger, and alloc-ledger replay, "
     "which claims their scratch tables): the role's CONNECTION LIMIT must leave two beside "
@@ -641,7 +646,7 @@ class PostgresStore:
         if reason.startswith("FATAL:"):
             refused = reason[len("FATAL:"):].strip()
             if refused.startswith("too many connections for role"):
-                hint = REPLAY_CONNECTIONS if role == "replay" else (
+                hint = {"replay": REPLAY_CONNECTIONS, "create": CREATE_CONNECTIONS}.get(role) or (
                     CONNECTIONS if self.combines else LOCK_CONNECTIONS)
                 return f"{refused} ({hint})"
             return refused
@@ -788,6 +793,10 @@ class PostgresStore:
 
     def _create_schema(self, connection: psycopg.Connection[Any], extra: dict[str, str]) -> None:
         """The ledger's tables in the schema ``_make_schema`` made."""
+        # The recorder makes its tables on a connection of its pool, a second
+        # one: made and closed here first, as a refused one says why (the
+        # pool would say only how long it tried, after 10 s).
+        self._connect(self.connect_timeout, extra, role="create").close()
         datastore = PostgresDatastore(
             **self.connect_args, schema=self.schema, pool_size=1, max_overflow=0,
             pool_open_timeout=10,

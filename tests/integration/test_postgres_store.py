@@ -660,6 +660,39 @@ def test_replay_needs_two_connections_and_says_so_when_the_role_allows_one(
                 "the role's CONNECTION LIMIT)\n")), none_left
 
 
+def test_creating_a_ledger_needs_two_connections_and_says_so_at_once_when_the_role_allows_one(
+    pg_dsn, pg_schema, pg_admin, alloc_ledger
+):
+    """Creating a ledger holds the schema's lock on one connection while the
+    library's recorder makes its tables on another: a role allowed one is
+    told so at once (was: 'pool initialization incomplete after 10 sec')."""
+    role = pg_schema
+    pg_admin(f"CREATE ROLE {role} LOGIN CONNECTION LIMIT 1")
+    pg_admin(f"CREATE SCHEMA {pg_schema} AUTHORIZATION {role}")
+    try:
+        parts = urlsplit(pg_dsn)
+        url = (f"postgresql://{role}@{parts.hostname}:{parts.port or 5432}{parts.path}"
+               f"?schema={pg_schema}&writers=lock")
+        refused = alloc_ledger("submit", "node-registered", "--node", "n1", url=url)
+        assert (refused.returncode, refused.stdout, refused.stderr) == (3, "", (
+            f'Error: cannot open store {url}: too many connections for role "{role}" '
+            "(creating a ledger holds two connections (its schema's lock, and the one that "
+            "makes its tables), whatever its writers: the role's CONNECTION LIMIT must leave "
+            "two beside its other sessions, or create it once as a role that may)\n")), refused
+        pg_admin(f"ALTER ROLE {role} CONNECTION LIMIT 2")
+        made = alloc_ledger("submit", "node-registered", "--node", "n1", url=url)
+        assert (made.returncode, made.stdout) == (
+            0, '{"line": 1, "status": "appended", "position": 1, "error": null}\n'), made
+        pg_admin(f"ALTER ROLE {role} CONNECTION LIMIT 1")  # made: one is enough from now on
+        beat = alloc_ledger("submit", "heartbeat", "--node", "n1", url=url)
+        assert (beat.returncode, beat.stdout) == (
+            0, '{"line": 1, "status": "appended", "position": 2, "error": null}\n'), beat
+    finally:
+        pg_admin(f"DROP SCHEMA IF EXISTS {pg_schema} CASCADE")
+        pg_admin(f"DROP OWNED BY {role}")
+        pg_admin(f"DROP ROLE {role}")
+
+
 @pytest.mark.parametrize(("script", "named"), [
     ("CREATE TABLE {s}.foo (x int); CREATE TABLE {s}.nodes (id int PRIMARY KEY, name text)",
      "nodes"),
