@@ -78,15 +78,22 @@ SHAPES: dict[str, dict[str, tuple[Kind, bool]]] = {
 def unreadable(position: int | None, state: bytes | None) -> Unreadable:
     """A kept event a reader failed on, named with what is wrong with its
     stored ``state`` (None: not at hand)."""
-    problem = None if state is None else state_problem(state)
-    if problem is None and state is not None:  # its shape is right: is it beyond a limit?
-        problem = beyond_limits(orjson.loads(state)["event"])
-    return Unreadable(position, problem or CANNOT_APPLY)
+    return Unreadable(position, (None if state is None else stored_problem(state)) or CANNOT_APPLY)
 
 
-def inapplicable(position: int, event: Any) -> Unreadable:
-    """A kept event, read already, that the domain failed to apply."""
-    return Unreadable(position, event_problem(event) or beyond_limits(event) or CANNOT_APPLY)
+def stored_problem(state: bytes) -> str | None:
+    """What is wrong with a kept event's stored bytes, its limits included;
+    None if nothing: a reader that failed on it failed for a reason of its own."""
+    # its shape right, is it beyond a limit?
+    return state_problem(state) or beyond_limits(orjson.loads(state)["event"])
+
+
+def inapplicable(position: int, event: Any) -> Unreadable | None:
+    """A kept event, read already, that the domain failed to apply, named
+    with what is wrong with it; None if nothing is (the failure is the
+    domain's own, a bug to surface, not an edited log)."""
+    problem = event_problem(event) or beyond_limits(event)
+    return None if problem is None else Unreadable(position, problem)
 
 
 def beyond_limits(event: dict[str, Any]) -> str | None:

@@ -27,7 +27,7 @@ from ledger.errors import (
     Unreadable,
 )
 from ledger.model import RULES, Fact
-from ledger.readable import check, event_problem, inapplicable, unreadable
+from ledger.readable import check, event_problem, inapplicable, stored_problem, unreadable
 from ledger.store import Kept, LoggedEvent, logged
 
 REJECTED = "rejected"
@@ -114,8 +114,11 @@ def replay(cluster: Cluster, record: Record) -> None:
         cluster.apply(record.event, record.fact)
     except (RuleViolation, AlreadyPlaced) as violation:  # a placement kept once already
         raise refused(record.position, record.event, violation) from None
-    except (ValueError, LookupError, TypeError, AttributeError):  # its type or a field edited
-        raise inapplicable(record.position, record.event) from None
+    except (ValueError, LookupError, TypeError, AttributeError):  # its type or a field edited?
+        edited = inapplicable(record.position, record.event)
+        if edited is None:
+            raise  # nothing is wrong with the kept event: the domain's own failure
+        raise edited from None
 
 
 @dataclass(slots=True)
@@ -164,7 +167,10 @@ def replay_log(
         # a kept event that is not as it was kept: the log was edited
         if stored is None:
             raise unreadable(None, None) from None
-        raise unreadable(stored.originator_version, stored.state) from None
+        problem = stored_problem(stored.state)
+        if problem is None:
+            raise  # nothing is wrong with the kept event: the domain's own failure
+        raise Unreadable(stored.originator_version, problem) from None
     except (RuleViolation, AlreadyPlaced) as violation:  # a placement kept once already
         assert stored is not None
         raise refused(stored.originator_version, event, violation) from None

@@ -16,6 +16,7 @@ from ledger.batches import BATCH_BYTES, batched
 from ledger.collection import fewer_collections
 from ledger.domain import Cluster
 from ledger.errors import LogEndsEarly, Refused, TablesDisagree, Unchained
+from ledger.readable import stored_problem
 from ledger.records import LoggedEvent, Progress, replay_log
 from ledger.store import Store
 from projections.rows import Statements, TableSource, changed_rows
@@ -80,7 +81,9 @@ class Projector:
             try:
                 self.store.preload(cursor, self.sql, self.cluster, events_of(page), ids=False)
             except (TypeError, LookupError, AttributeError):
-                pass  # an event edited in the log: the replay below names it
+                if all(stored_problem(kept.state) is None for kept in page):
+                    raise  # nothing is wrong with the page's events: a failure of its own
+                # an event edited in the log: the replay below names it
             try:
                 replay_log(self.cluster, page, progress)
             except Refused as refused:

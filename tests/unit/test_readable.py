@@ -211,6 +211,31 @@ def test_a_field_edited_to_null_is_unreadable_not_refused() -> None:
         replay_log(Cluster(), damaged(40, kept(dict(event, node=None))), Progress(0))
 
 
+@pytest.mark.parametrize("error", [AttributeError, KeyError, TypeError, ValueError])
+def test_a_rule_that_fails_on_a_kept_event_as_the_ledger_keeps_one_is_a_bug_not_an_edit(
+    monkeypatch: pytest.MonkeyPatch, error: type[Exception],
+) -> None:
+    """A handler's own failure (a refactoring's AttributeError) over a kept
+    event with nothing wrong with it surfaces as itself: told as "cannot be
+    read … verify checks whether the log was edited", it sent users to audit
+    a log that is whole (helper-304). Both replays: of the log, of one record."""
+    log = kept_log()
+    heartbeat = next(kept for kept in log if kept.topic == "heartbeat")
+
+    def failing(self: Cluster, event: Any, fact: Any) -> None:
+        raise error("a bug in the heartbeat rule")
+
+    monkeypatch.setattr(Cluster, "heartbeat", failing)
+    with pytest.raises(error, match="a bug in the heartbeat rule"):
+        replay_log(Cluster(), log, Progress(0))
+    with pytest.raises(error, match="a bug in the heartbeat rule"):
+        replay(Cluster(), decode(heartbeat))
+    edited = orjson.loads(heartbeat.state)
+    del edited["event"]["node"]  # the same failure, over an edited event: named
+    with pytest.raises(Unreadable, match="cannot be read: field 'node' is missing"):
+        replay(Cluster(), decode(heartbeat._replace(state=orjson.dumps(edited))))
+
+
 @settings(max_examples=300, deadline=None)
 @given(st.data())
 def test_a_replay_of_a_damaged_log_ends_in_one_of_the_ledgers_errors(data: st.DataObject) -> None:
