@@ -16,7 +16,7 @@ from click.core import ParameterSource
 from commands.console import Interrupted, interrupted, signal_of
 from commands.output import output_lost, printable, require_stdout, write
 from ledger.errors import BadOption, LedgerError, StoreUnavailable
-from ledger.store import Store
+from ledger.store import DEFAULT_URL, STORE_VARIABLE, Store, store_url
 
 
 class StoreError(click.ClickException):
@@ -208,14 +208,11 @@ def one_line(error: click.UsageError, where: str) -> click.UsageError:
     return click.UsageError(printable(f"{message} (see '{where} --help')"))
 
 
-STORE_VARIABLE = "ALLOC_LEDGER_STORE"
-
-
 @click.group(cls=LedgerGroup)
 @click.option(
     "--store",
     envvar=STORE_VARIABLE,
-    default="sqlite:///alloc-ledger.db",
+    default=DEFAULT_URL,
     show_default=True,
     show_envvar=True,
     help="Store URL: sqlite:///path.db or postgresql://user:pass@host:port/db[?schema=name].",
@@ -238,14 +235,11 @@ def cli(ctx: click.Context, store: str) -> None:
 
 def store_of(ctx: click.Context) -> str:
     """The store URL the command line names; an empty one (``--store ''``,
-    or ALLOC_LEDGER_STORE set to nothing) is refused."""
-    store = ctx.find_root().obj["store"]
-    if store is None:
-        raise StoreError(f"cannot open store '': the store URL is empty ({STORE_VARIABLE} is set "
-                         "but empty; unset it for the default)")
-    if not store:
-        raise StoreError("cannot open store '': the store URL is empty")
-    return str(store)
+    or ALLOC_LEDGER_STORE set to nothing) is refused (``store_url``)."""
+    try:
+        return store_url(ctx.find_root().obj["store"])
+    except StoreUnavailable as error:
+        raise StoreError(str(error)) from None
 
 
 @contextmanager

@@ -24,6 +24,7 @@ from ledger.errors import StoreUnavailable
 from ledger.model import Receipt
 
 DEFAULT_URL = "sqlite:///alloc-ledger.db"
+STORE_VARIABLE = "ALLOC_LEDGER_STORE"
 LEDGER_STREAM = uuid5(NAMESPACE_URL, "https://alloc-ledger/ledger")
 PROJECTIONS = "projections"
 # The row of ``tracking`` that counts the repairs that replaced projection
@@ -257,7 +258,18 @@ def seconds(options: dict[str, str], name: str, default: float) -> float:
 
 
 def store_url(url: str | None) -> str:
-    return url or os.environ.get("ALLOC_LEDGER_STORE") or DEFAULT_URL
+    """The URL given, else ``ALLOC_LEDGER_STORE``'s, else the default; an
+    empty one (given, or the variable set to nothing) is refused, not read
+    as the default: a script's ``$UNSET`` must not open ./alloc-ledger.db."""
+    if url is None:
+        url = os.environ.get(STORE_VARIABLE, DEFAULT_URL)
+        if not url:
+            raise StoreUnavailable(
+                f"cannot open store '': the store URL is empty ({STORE_VARIABLE} is set but "
+                "empty; unset it for the default)")
+    if not url:
+        raise StoreUnavailable("cannot open store '': the store URL is empty")
+    return url
 
 
 def redacted(url: str) -> str:
@@ -299,8 +311,6 @@ def open_store(url: str | None = None, create: bool = True) -> Store:
     """Open the store a URL names; create it if needed, or with ``create``
     false refuse one that holds no ledger yet (a mistyped path or schema
     must not read as an empty, valid ledger)."""
-    if url == "":
-        raise StoreUnavailable("cannot open store '': the store URL is empty")
     url = store_url(url)
     try:
         parts = urlsplit(url)

@@ -14,6 +14,7 @@ import orjson
 
 from ledger.domain import Changes, Cluster
 from ledger.model import AddressHold, Allocation, Node, Slot, rejected_json
+from projections import tables
 
 if TYPE_CHECKING:
     from ledger.store import Store
@@ -121,7 +122,7 @@ class Statements:
         self.address = f"SELECT {ADDRESS_COLUMNS} FROM {t}addresses WHERE address = {p}"
         self.live = (
             f"SELECT alloc FROM {t}allocations WHERE node = {p} "
-            "AND client_status IN ('pending','running','unknown')"
+            f"AND client_status IN {tables.LIVE}"
         )
         self.children = f"SELECT node FROM {t}nodes WHERE parent = {p}"
         self.upsert_node = _upsert("nodes", NODE_COLUMNS, "node", p, t)

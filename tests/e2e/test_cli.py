@@ -33,6 +33,7 @@ from commands.cli import cli
 from commands.console import Held
 from commands.stories import all_events
 from ledger.application import Ledger, Receipt
+from ledger.errors import StoreUnavailable
 from ledger.events import EVENT_TYPES, TYPES_NAMED
 from ledger.sqlite_store import SCHEMA_VERSION, sqlite_missing
 from projections.queries import COLUMNS
@@ -1150,6 +1151,26 @@ def test_an_empty_store_variable_is_refused_not_read_as_the_default(tmp_path, mo
     one_line_store_error(result, "cannot open store '': the store URL is empty "
                          "(ALLOC_LEDGER_STORE is set but empty; unset it for the default)")
     assert list(tmp_path.iterdir()) == []
+
+
+def test_the_python_api_refuses_an_empty_store_variable_as_the_command_line_does(
+    tmp_path, monkeypatch
+):
+    """``Ledger.open()`` with ALLOC_LEDGER_STORE="" quietly made ./alloc-ledger.db
+    (helper-304): one rule for both, ``ledger.store.store_url``."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("ALLOC_LEDGER_STORE", "")
+    with pytest.raises(StoreUnavailable) as refused:
+        Ledger.open()
+    assert str(refused.value) == ("cannot open store '': the store URL is empty "
+                                  "(ALLOC_LEDGER_STORE is set but empty; unset it for the default)")
+    with pytest.raises(StoreUnavailable, match="^cannot open store '': the store URL is empty$"):
+        Ledger.open("")
+    assert list(tmp_path.iterdir()) == []
+    monkeypatch.delenv("ALLOC_LEDGER_STORE")
+    with Ledger.open() as ledger:  # unset: the default, in the working directory
+        assert ledger.submit({"type": "node-registered", "node": "n1"}).status == "appended"
+    assert [p.name for p in tmp_path.iterdir() if p.suffix == ".db"] == ["alloc-ledger.db"]
 
 
 def test_the_store_on_the_command_line_needs_no_store_variable(tmp_path, monkeypatch):
