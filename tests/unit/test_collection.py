@@ -10,6 +10,7 @@ import threading
 
 import pytest
 
+from ledger.application import Ledger
 from ledger.collection import BULK, fewer_collections
 from ledger.pipeline import SWITCH_INTERVAL, prompt_switches
 
@@ -61,3 +62,20 @@ def test_a_block_that_fails_puts_the_setting_back():
         pass
 
     assert gc.get_threshold() == before
+
+
+def test_a_submit_many_stream_holds_the_settings_while_read_and_puts_them_back(tmp_path):
+    """As the README's Python API says: the caller's code between receipts
+    runs with them; a stream closed early or read to its end puts them back."""
+    before = gc.get_threshold(), sys.getswitchinterval()
+    with Ledger.open(f"sqlite:///{tmp_path}/l.db") as ledger:
+        stream = ledger.submit_many(
+            ({"type": "node-registered", "node": f"n{i}"} for i in range(3000)), batch=100)
+        next(stream)
+        assert gc.get_threshold() == BULK
+        assert sys.getswitchinterval() == pytest.approx(SWITCH_INTERVAL)  # as the OS rounds it
+        stream.close()
+        assert (gc.get_threshold(), sys.getswitchinterval()) == before
+        beats = ({"type": "heartbeat", "node": f"n{i}"} for i in range(100))  # first batch
+        assert all(receipt.ok for receipt in ledger.submit_many(beats, batch=100))
+        assert (gc.get_threshold(), sys.getswitchinterval()) == before
