@@ -272,6 +272,21 @@ def store_url(url: str | None) -> str:
     return url
 
 
+DRIVER = ("psycopg", "psycopg_pool")  # a plain install leaves them out: an extra
+
+
+def without_driver(error: ImportError) -> str:
+    """Why a PostgreSQL store cannot be opened without its driver, or the
+    error again if it is not about the driver."""
+    if (error.name or "").partition(".")[0] in DRIVER:
+        return (f"a PostgreSQL store needs the {error.name} package, not installed here: "
+                "pip install 'alloc-ledger[postgres]'")
+    if str(error).startswith("no pq wrapper available"):  # psycopg without libpq
+        return ("psycopg finds no libpq here (no pq wrapper available): "
+                "pip install 'psycopg[binary]', or install libpq")
+    raise error
+
+
 def redacted(url: str) -> str:
     """The URL as given, its password masked (``user:***@``, ``password=***``),
     for messages."""
@@ -331,7 +346,11 @@ def open_store(url: str | None = None, create: bool = True) -> Store:
             )
         return SQLiteStore(url, head[10:], options, create)
     if parts.scheme in ("postgresql", "postgres"):
-        from ledger.postgres_store import PostgresStore
+        try:
+            from ledger.postgres_store import PostgresStore
+        except ImportError as error:
+            raise StoreUnavailable(
+                f"cannot open store {redacted(url)}: {without_driver(error)}") from None
 
         return PostgresStore(url, parts, options, create)
     raise StoreUnavailable(
