@@ -17,8 +17,12 @@ from typing import Any, Protocol, TypeVar
 from ledger import errors
 from ledger.model import (
     DESIRED_ORDER,
+    HEALTH_REASON,
     LIVE,
+    LOSSES_AT_DISCONNECT,
     MAX_SLOTS,
+    PARENT_HOLDS_NODE,
+    RECONNECT_FORGETS_UNKNOWN,
     AddressHold,
     Allocation,
     AllocState,
@@ -373,7 +377,7 @@ class Cluster:
         if status == "disconnected" or status == "initializing":
             waiting = self.awaits_reconnect(node)
             self._set_status(node, "initializing" if waiting else "ready", fact)
-        elif status == "down" and (fact.rules < 2 or self.down_ancestor(node) is None):
+        elif status == "down" and (fact.rules < PARENT_HOLDS_NODE or self.down_ancestor(node) is None):
             self._set_status(node, "ready", fact)  # not while what it runs on is gone
         node.last_heartbeat_at = fact.at
         node.last_heartbeat_position = position = fact.position
@@ -410,7 +414,7 @@ class Cluster:
             else:
                 self._lose(alloc, fact)
                 lost.append(alloc.alloc)
-        if fact.rules >= 3:
+        if fact.rules >= LOSSES_AT_DISCONNECT:
             self._took(node, lost)
 
     def mark_down(self, event: Event, fact: Fact) -> None:
@@ -431,7 +435,7 @@ class Cluster:
         if event["passed"]:
             if node.health != "ok":
                 node.health = "ok"
-                if fact.rules >= 3:  # rules 2 kept no health_reason to clear
+                if fact.rules >= HEALTH_REASON:  # rules 2 kept no health_reason to clear
                     node.health_reason = None
                 node.since_position = fact.position
                 if node.status != "down":
@@ -539,13 +543,13 @@ class Cluster:
             node.lost_allocs = []
             if node.health == "ok":
                 node.reason = None
-            elif fact.rules >= 3 and node.health_reason is not None:  # back, still suspect
+            elif fact.rules >= HEALTH_REASON and node.health_reason is not None:  # back, still suspect
                 node.reason = node.health_reason
         self._changed_node(node)
 
     def _set_suspect(self, node: Node, reason: str, fact: Fact) -> None:
         node.health = "suspect"
-        if fact.rules < 3:
+        if fact.rules < HEALTH_REASON:
             node.reason = reason
         else:
             node.health_reason = reason
@@ -570,7 +574,7 @@ class Cluster:
         node.status = status
         node.reason = reason
         node.since_position = fact.position
-        if fact.rules >= 3:  # kept with a disconnect's losses
+        if fact.rules >= LOSSES_AT_DISCONNECT:  # kept with a disconnect's losses
             self._took(node, lost)
         else:
             node.lost_allocs = lost if status == "down" or lost else node.lost_allocs
@@ -625,7 +629,7 @@ class Cluster:
         """It no longer waits for its node to reconnect; when it was unknown,
         its alloc states keep (rules 1 kept it in ``unknown_since`` too)."""
         alloc.needs_reconnect = False
-        if fact.rules >= 2:
+        if fact.rules >= RECONNECT_FORGETS_UNKNOWN:
             alloc.unknown_since_position = None
             alloc.unknown_since_at = None
 

@@ -31,6 +31,12 @@ DESIRED_ORDER = {"run": 0, "stop": 1, "remove": 2}
 # (``health_reason``, kept from rules 3 on); a node's ``lost_allocs`` are
 # all it lost since it was last ready, at a disconnect too, not only when
 # it went down.
+# What each version changed, named, from the version on which it holds
+# (``fact.rules >= HEALTH_REASON``): the next version's changes join these.
+PARENT_HOLDS_NODE = 2  # a heartbeat does not bring a node back while its parent chain is down
+RECONNECT_FORGETS_UNKNOWN = 2  # an allocation that stops waiting is unknown_since nothing
+HEALTH_REASON = 3  # reason: why down while down, why suspect otherwise (kept in health_reason)
+LOSSES_AT_DISCONNECT = 3  # lost_allocs: all lost since last ready, at a disconnect too
 MAX_SLOTS = 1024  # the most slots a node may have: submit takes no more, a replay applies no more
 RULES = 3
 

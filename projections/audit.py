@@ -31,7 +31,7 @@ from typing import Any
 from ledger.collection import fewer_collections
 from ledger.domain import Changes, Cluster
 from ledger.errors import OutOfRange
-from ledger.model import Allocation
+from ledger.model import HEALTH_REASON, Allocation
 from ledger.records import Record, decode, gapless, replay
 from ledger.store import Store
 from projections.asof import head_within
@@ -289,7 +289,7 @@ class Auditor:
             status, health = self.node_state.get(node.node, ("", "ok"))
             self.node_state[node.node] = (node.status, node.health)
             if node.health == "suspect" and health != "suspect":
-                why = node.health_reason if record.rules >= 3 else None  # rules 2 kept none
+                why = node.health_reason if record.rules >= HEALTH_REASON else None  # 2 kept none
                 self._begin("suspects", node.node, Episode(
                     {"node": node.node, "reason": why or node.reason},
                     "suspect", "cleared", position, at,
