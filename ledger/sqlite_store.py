@@ -99,10 +99,17 @@ def _named(cursor: sqlite3.Cursor, names: tuple[str, ...]) -> dict[str, str | No
 
 def _unguarded(found: dict[str, str | None]) -> tuple[str, ...]:
     """The guards that are not as made, of ``_named``'s: ``name: missing``, or
-    ``name: altered`` (replaced by hand by one of other text)."""
+    ``name: altered`` (replaced by hand by one of other text; its spacing
+    aside: releases before 529a1b8 wrote a line break where this one does not)."""
     return tuple(
         f"{name}: {'missing' if name not in found else 'altered'}"
-        for name, text in zip(GUARD_NAMES, GUARD_TEXTS, strict=True) if found.get(name) != text)
+        for name, text in zip(GUARD_NAMES, GUARD_TEXTS, strict=True)
+        if _words(found.get(name)) != _words(text))
+
+
+def _words(text: str | None) -> str:
+    """SQL text with its runs of white space as one space."""
+    return " ".join((text or "").split())
 
 
 @cache
