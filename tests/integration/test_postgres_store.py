@@ -602,9 +602,10 @@ def test_a_role_whose_connection_limit_a_combining_writer_exceeds_is_told_why(
 
 
 @contextlib.contextmanager
-def _own_role_store(pg_dsn, pg_schema, pg_admin, alloc_ledger, *settings: str):
+def _own_role_store(pg_dsn, pg_schema, pg_admin, alloc_ledger, *settings: str,
+                    told: tuple[str, ...] = ("node-registered", "heartbeat")):
     """A store in a fresh schema owned by a fresh role (``settings``: ALTER
-    ROLE clauses), two events in it: its URL (``writers=lock``)."""
+    ROLE clauses), the events ``told`` (of node n1) in it: its URL (``writers=lock``)."""
     role = pg_schema  # fresh and unique
     pg_admin(f"CREATE ROLE {role} LOGIN")
     for setting in settings:
@@ -614,7 +615,7 @@ def _own_role_store(pg_dsn, pg_schema, pg_admin, alloc_ledger, *settings: str):
         parts = urlsplit(pg_dsn)
         url = (f"postgresql://{role}@{parts.hostname}:{parts.port or 5432}{parts.path}"
                f"?schema={pg_schema}&writers=lock")
-        for event in ("node-registered", "heartbeat"):
+        for event in told:
             assert alloc_ledger("submit", event, "--node", "n1", url=url).returncode == 0
         yield url
     finally:
@@ -667,12 +668,8 @@ def test_creating_a_ledger_needs_two_connections_and_says_so_at_once_when_the_ro
     library's recorder makes its tables on another: a role allowed one is
     told so at once (was: 'pool initialization incomplete after 10 sec')."""
     role = pg_schema
-    pg_admin(f"CREATE ROLE {role} LOGIN CONNECTION LIMIT 1")
-    pg_admin(f"CREATE SCHEMA {pg_schema} AUTHORIZATION {role}")
-    try:
-        parts = urlsplit(pg_dsn)
-        url = (f"postgresql://{role}@{parts.hostname}:{parts.port or 5432}{parts.path}"
-               f"?schema={pg_schema}&writers=lock")
+    with _own_role_store(pg_dsn, pg_schema, pg_admin, alloc_ledger, "CONNECTION LIMIT 1",
+                         told=()) as url:
         refused = alloc_ledger("submit", "node-registered", "--node", "n1", url=url)
         assert (refused.returncode, refused.stdout, refused.stderr) == (3, "", (
             f'Error: cannot open store {url}: too many connections for role "{role}" '
@@ -687,10 +684,6 @@ def test_creating_a_ledger_needs_two_connections_and_says_so_at_once_when_the_ro
         beat = alloc_ledger("submit", "heartbeat", "--node", "n1", url=url)
         assert (beat.returncode, beat.stdout) == (
             0, '{"line": 1, "status": "appended", "position": 2, "error": null}\n'), beat
-    finally:
-        pg_admin(f"DROP SCHEMA IF EXISTS {pg_schema} CASCADE")
-        pg_admin(f"DROP OWNED BY {role}")
-        pg_admin(f"DROP ROLE {role}")
 
 
 @pytest.mark.parametrize(("script", "named"), [
