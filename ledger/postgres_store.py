@@ -16,7 +16,9 @@ missing). Beside it:
   ``alloc-ledger project [--follow]`` in transactions that lock the tracking
   row (never the log), or by the writers themselves with ``?projections=inline``.
 
-Only this module imports psycopg; every cursor it hands out yields tuples.
+Only the ``ledger.postgres_*`` modules import psycopg, and only this one is
+imported from outside them, when a PostgreSQL store is opened
+(``ledger.store.open_store``); every cursor it hands out yields tuples.
 """
 
 from __future__ import annotations
