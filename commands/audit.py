@@ -117,6 +117,8 @@ def verify(ctx: click.Context, digest: Digest | None, fmt: str | None) -> None:
         click.echo(f"warning: the log's append-only guards are not in place "
                    f"({', '.join(result.guards.lacking)}): nothing stops an edit of the log "
                    f"until they are made again; {result.guards.remedy}", err=True)
+    if result.guards.exposed:
+        click.echo(f"warning: {result.guards.exposed}", err=True)
     if not result.ok:
         where = "" if result.position is None else f" at position {result.position}"
         raise click.ClickException(f"verify failed{where}: {result.problem}")

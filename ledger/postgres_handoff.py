@@ -126,9 +126,10 @@ ANY_HANDED = "SELECT EXISTS (SELECT 1 FROM handoff)"
 # they fit (a notification carries at most 8000 bytes), else in ``outcomes``.
 GIVE = (
     "INSERT INTO outcomes (batch, receipts) "
-    "SELECT * FROM unnest(%s::text[], %s::bytea[])"
+    "SELECT * FROM ROWS FROM (pg_catalog.unnest(%s::text[]), pg_catalog.unnest(%s::bytea[]))"
 )
-TELL = "SELECT pg_notify(c, p) FROM unnest(%s::text[], %s::text[]) t(c, p)"
+TELL = ("SELECT pg_notify(c, p) FROM "
+        "ROWS FROM (pg_catalog.unnest(%s::text[]), pg_catalog.unnest(%s::text[])) t(c, p)")
 # Receipts of writers that died before reading them.
 PURGE = "DELETE FROM outcomes WHERE decided_at < now() - interval '1 hour'"
 PURGE_EVERY = 1000  # rounds

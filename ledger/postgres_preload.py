@@ -85,7 +85,7 @@ class PreloadQueries:
     def __init__(self, prefix: str) -> None:
         t = prefix
         nodes = (
-            "SELECT node FROM unnest(%(n)b::text[]) n(node) UNION "
+            "SELECT node FROM pg_catalog.unnest(%(n)b::text[]) n(node) UNION "
             f"SELECT node FROM {t}allocations WHERE alloc = ANY(%(u)b::text[])"
         )
         self.queries = {
@@ -97,7 +97,7 @@ class PreloadQueries:
             "children": f"SELECT parent, node FROM {t}nodes WHERE parent IN ({nodes})",
             "allocs": f"SELECT {ALLOC_COLUMNS} FROM {t}allocations WHERE alloc = ANY(%(a)b::text[])",
             "addresses": f"SELECT {ADDRESS_COLUMNS} FROM {t}addresses WHERE address IN ("
-                         "SELECT unnest(%(x)b::text[]) UNION "
+                         "SELECT pg_catalog.unnest(%(x)b::text[]) UNION "
                          "SELECT json_array_elements_text(addresses::json) "
                          f"FROM {t}allocations WHERE alloc = ANY(%(a)b::text[]))",
         }

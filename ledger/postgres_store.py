@@ -220,7 +220,8 @@ GUARD_STATES = (
     "WHEN t.tgenabled IN ('D', 'R') THEN 'disabled' "
     "WHEN t.tgfoid IS DISTINCT FROM to_regprocedure(%(refusal)s) OR t.tgtype <> g.fires "
     "OR t.tgqual IS NOT NULL OR t.tgattr <> ''::int2vector THEN 'altered' END AS how, g.n "
-    "FROM unnest(%(guarded)s::text[], %(guards)s::text[], %(fires)s::int2[]) "
+    "FROM ROWS FROM (pg_catalog.unnest(%(guarded)s::text[]), "
+    "pg_catalog.unnest(%(guards)s::text[]), pg_catalog.unnest(%(fires)s::int2[])) "
     "WITH ORDINALITY g(relation, name, fires, n) "
     "LEFT JOIN pg_trigger t ON t.tgrelid = to_regclass(g.relation) AND t.tgname = g.name "
     "UNION ALL SELECT 'refuse_change()', CASE WHEN p.oid IS NULL THEN 'missing' "
@@ -228,6 +229,13 @@ GUARD_STATES = (
     "FROM (SELECT to_regprocedure(%(refusal)s) AS oid) f LEFT JOIN pg_proc p ON p.oid = f.oid"
 )
 UNGUARDED = f"SELECT name, how FROM ({GUARD_STATES}) s WHERE how IS NOT NULL ORDER BY n"
+# The roles besides the schema's owner that may create in it (PUBLIC: all).
+CREATORS = (
+    "SELECT CASE WHEN a.grantee = 0 THEN 'PUBLIC' ELSE pg_catalog.pg_get_userbyid(a.grantee) END "
+    "FROM pg_catalog.pg_namespace s, pg_catalog.aclexplode(COALESCE(s.nspacl, "
+    "pg_catalog.acldefault('n', s.nspowner))) a WHERE s.nspname = %s "
+    "AND a.privilege_type = 'CREATE' AND a.grantee <> s.nspowner ORDER BY 1"
+)
 OWNER = "SELECT pg_get_userbyid(relowner) FROM pg_class WHERE oid = to_regclass(%s)"
 
 
@@ -429,6 +437,21 @@ def _host_of(netloc: str) -> str:
     return unquote(host.rpartition(":")[0] if ":" in host else host)
 
 
+def exposed(schema: str, creators: list[str]) -> str:
+    """What roles besides its owner that may create in the ledger's schema
+    put at risk ("" if there are none)."""
+    if not creators:
+        return ""
+    who = "every role (PUBLIC)" if "PUBLIC" in creators else ", ".join(creators)
+    return (
+        f"{who} may create objects in schema {schema}, which the ledger's sessions search: "
+        "a function made there to match a call better than PostgreSQL's own runs as the "
+        "writer that calls it, with its rights over the log; REVOKE CREATE ON SCHEMA "
+        f"{schema} FROM {'PUBLIC' if 'PUBLIC' in creators else ', '.join(creators)}, or "
+        "keep the ledger in a schema of its own (docs/postgresql.md, Security)"
+    )
+
+
 def _value(connection: Any, statement: Any, params: Any = ()) -> Any:
     """The first column of a statement's first row (None: no row)."""
     row = connection.execute(statement, params).fetchone()
@@ -445,23 +468,23 @@ SEQUENCES_OF = (
     "JOIN pg_class s ON s.oid = d.objid AND s.relkind = 'S' "
     "JOIN pg_namespace ns ON ns.oid = s.relnamespace "
     "WHERE d.classid = 'pg_class'::regclass AND d.refclassid = 'pg_class'::regclass "
-    "AND d.refobjid = ANY(SELECT to_regclass(t) FROM unnest(%s::text[]) t) ORDER BY 1, 2"
+    "AND d.refobjid = ANY(SELECT to_regclass(t) FROM pg_catalog.unnest(%s::text[]) t) ORDER BY 1, 2"
 )
 # What a role may still do on the ledger's tables, sequences and schema
 # beyond reading the projections: through a role it belongs to, or PUBLIC.
 BEYOND_READING = (
-    "SELECT format('%%s on %%s', p, n) AS what FROM unnest(%(ledger)s::text[]) n, "
-    "unnest(array['SELECT', 'INSERT', 'UPDATE', 'REFERENCES']) p "
+    "SELECT format('%%s on %%s', p, n) AS what FROM pg_catalog.unnest(%(ledger)s::text[]) n, "
+    "pg_catalog.unnest(array['SELECT', 'INSERT', 'UPDATE', 'REFERENCES']) p "
     "WHERE (p <> 'SELECT' OR n <> ALL(%(names)s::text[])) "  # a column's privilege too
     "AND has_any_column_privilege(%(role)s::text, format('%%I.%%I', %(schema)s::text, n), p) "
-    "UNION ALL SELECT format('%%s on %%s', p, n) FROM unnest(%(ledger)s::text[]) n, "
-    "unnest(array['DELETE', 'TRUNCATE', 'TRIGGER']) p "
+    "UNION ALL SELECT format('%%s on %%s', p, n) FROM pg_catalog.unnest(%(ledger)s::text[]) n, "
+    "pg_catalog.unnest(array['DELETE', 'TRUNCATE', 'TRIGGER']) p "
     "WHERE has_table_privilege(%(role)s::text, format('%%I.%%I', %(schema)s::text, n), p) "
-    "UNION ALL SELECT format('%%s on sequence %%s', p, q) FROM unnest(%(sequences)s::text[]) q, "
-    "unnest(array['USAGE', 'SELECT', 'UPDATE']) p "
+    "UNION ALL SELECT format('%%s on sequence %%s', p, q) FROM pg_catalog.unnest(%(sequences)s::text[]) q, "
+    "pg_catalog.unnest(array['USAGE', 'SELECT', 'UPDATE']) p "
     "WHERE has_sequence_privilege(%(role)s::text, q, p) "
     "UNION ALL SELECT format('CREATE in schema %%s', %(schema)s::text) "
-    "WHERE %(own_schema)s AND has_schema_privilege(%(role)s::text, %(schema)s::text, 'CREATE')"
+    "WHERE has_schema_privilege(%(role)s::text, %(schema)s::text, 'CREATE')"
 )
 
 
@@ -1191,8 +1214,10 @@ class PostgresStore:
             cursor.execute(OWNER, (f"{self.schema}.stored_events",))
             found = cursor.fetchone()
             owner = f" ({found[0]})" if found and found[0] else ""
+        cursor.execute(CREATORS, (self.schema,))
         return Guards(lacking, f"open the store as the role that owns its tables{owner}: any "
-                               "alloc-ledger command run as it makes them again")
+                               "alloc-ledger command run as it makes them again",
+                      exposed(self.schema, [row[0] for row in cursor.fetchall()]))
 
     def grant_reporting(self, role: str) -> list[str]:
         """Let a role read the projection tables and views, and nothing else:
@@ -1209,7 +1234,7 @@ class PostgresStore:
                     raise GrantRefused(f"cannot make {role} a reporting role: {why}; "
                                       "nothing was changed: grant to a role of its own")
                 ledger = [row["n"] for row in run(  # as far as they exist
-                    "SELECT n FROM unnest(%s::text[]) n "
+                    "SELECT n FROM pg_catalog.unnest(%s::text[]) n "
                     "WHERE to_regclass(format('%%I.%%I', %s::text, n)) IS NOT NULL",
                     ([*names, *OWN_TABLES], self.schema))]
                 sequences = [(row["nsp"], row["rel"]) for row in run(SEQUENCES_OF, (
@@ -1233,7 +1258,7 @@ class PostgresStore:
                     connection.execute(statement)
                 # A GRANT by a role that may not grant only warns: check what took.
                 missing = [row["n"] for row in run(
-                    "SELECT n FROM unnest(%s::text[]) n "
+                    "SELECT n FROM pg_catalog.unnest(%s::text[]) n "
                     "WHERE NOT has_table_privilege(%s::text, format('%%I.%%I', %s::text, n), "
                     "'SELECT') OR NOT has_schema_privilege(%s::text, %s::text, 'USAGE')",
                     (names, role, self.schema, role, self.schema))]
@@ -1241,13 +1266,17 @@ class PostgresStore:
                     raise GrantRefused(_may_not_grant(role, missing))
                 beyond = [row["what"] for row in run(BEYOND_READING, {
                     "ledger": ledger, "names": names, "role": role, "schema": self.schema,
-                    "sequences": [f'"{nsp}"."{rel}"' for nsp, rel in sequences],
-                    "own_schema": self.schema != "public"})]
+                    "sequences": [f'"{nsp}"."{rel}"' for nsp, rel in sequences]})]
                 if beyond:
+                    creates = any(w.startswith("CREATE in schema") for w in beyond) and (
+                        f" (one that may create in the ledger's schema may run its code as "
+                        f"the ledger's writers: REVOKE CREATE ON SCHEMA {self.schema} FROM "
+                        "PUBLIC, as PostgreSQL 15 does for public, or from the role it has it "
+                        "from)") or ""
                     raise GrantRefused(
                         f"cannot make {role} a reporting role: it may still {first_few(beyond)} "
                         "(as a member of a role that may, or through PUBLIC); nothing was "
-                        "changed: grant to a role of its own"
+                        f"changed: grant to a role of its own{creates}"
                     )
         except (psycopg.Error, PersistenceError) as error:
             if _denied(error):  # a REVOKE on what it has no privilege on at all

@@ -50,10 +50,13 @@ class LoggedEvent(NamedTuple):
 class Guards(NamedTuple):
     """The state of the log's append-only guards: those that are not as
     made (each ``name: missing``, ``altered`` or ``disabled``; none when all
-    are in place), and how to have them made again."""
+    are in place), and how to have them made again; and ``exposed``, what
+    is wrong if roles besides its owner may create objects in the ledger's
+    PostgreSQL schema, the writers' search path ("" if none may)."""
 
     lacking: tuple[str, ...]
     remedy: str
+    exposed: str = ""
 
 
 Kept = StoredEvent | LoggedEvent  # what decoding accepts

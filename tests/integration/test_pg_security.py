@@ -1,0 +1,132 @@
+"""A role that may create objects in the ledger's schema (every role may in
+``public`` on PostgreSQL 14 and earlier, or where a DBA granted it) can put a
+function there that matches a call of the ledger's sessions better than
+PostgreSQL's own, and so runs as the writer with its rights over the log
+(helper-305). The ledger's calls of the polymorphic ``unnest`` name
+``pg_catalog``; no list of calls is complete, so ``verify`` says when roles
+besides the owner may create in the schema, and ``grant-reporting`` refuses
+to make such a role a reporting one."""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import Iterator
+from urllib.parse import urlsplit
+
+import psycopg
+import pytest
+
+from ledger.application import Ledger
+
+pytestmark = pytest.mark.postgres
+
+HIJACK = """
+CREATE TABLE {schema}.seen (who text);
+GRANT INSERT ON {schema}.seen TO PUBLIC;
+CREATE FUNCTION {schema}.unnest(a text[]) RETURNS SETOF text LANGUAGE plpgsql AS $$
+BEGIN
+  INSERT INTO {schema}.seen VALUES (current_user);
+  RETURN QUERY SELECT pg_catalog.unnest(a);
+END $$;
+"""
+
+
+@pytest.fixture
+def other_role(pg_admin) -> Iterator[str]:
+    name = f"creator_{uuid.uuid4().hex[:10]}"
+    pg_admin(f"CREATE ROLE {name} LOGIN")
+    yield name
+    pg_admin(f"DROP OWNED BY {name}")
+    pg_admin(f"DROP ROLE {name}")
+
+
+def test_a_role_that_may_create_in_the_schema_does_not_get_its_unnest_run_by_the_writer(
+    pg_url, pg_schema, pg_dsn, pg_admin, other_role, alloc_ledger
+):
+    with Ledger.open(pg_url) as ledger:
+        ledger.submit({"type": "node-registered", "node": "n1", "slots": 1})
+    pg_admin(f"GRANT USAGE, CREATE ON SCHEMA {pg_schema} TO {other_role}")
+    parts = urlsplit(pg_dsn)
+    with psycopg.connect(host=parts.hostname, port=parts.port or 5432,
+                         dbname=parts.path.lstrip("/"), user=other_role, autocommit=True) as c:
+        c.execute(HIJACK.format(schema=pg_schema))
+    for command in (("submit", "heartbeat", "--node", "n1"), ("project",), ("verify",)):
+        result = alloc_ledger(*command, url=pg_url)
+        assert result.returncode == 0, result.stderr
+    assert pg_admin(f"SELECT who FROM {pg_schema}.seen") == [], "the role's unnest() ran"
+
+
+@pytest.mark.parametrize("grantee", ["PUBLIC", "a role"])
+def test_verify_warns_while_roles_besides_the_owner_may_create_in_the_schema(
+    pg_url, pg_schema, pg_admin, other_role, alloc_ledger, grantee
+):
+    assert alloc_ledger("submit", "node-registered", "--node", "n1", url=pg_url).returncode == 0
+    quiet = alloc_ledger("verify", url=pg_url)
+    assert (quiet.returncode, quiet.stderr) == (0, ""), quiet
+    who = "PUBLIC" if grantee == "PUBLIC" else other_role
+    pg_admin(f"GRANT CREATE ON SCHEMA {pg_schema} TO {who}")
+    warned = alloc_ledger("verify", url=pg_url)
+    assert warned.returncode == 0, warned.stderr
+    assert json.loads(warned.stdout)["ok"] is True
+    named = "every role (PUBLIC)" if grantee == "PUBLIC" else other_role
+    assert warned.stderr == (
+        f"warning: {named} may create objects in schema {pg_schema}, which the ledger's "
+        "sessions search: a function made there to match a call better than PostgreSQL's own "
+        "runs as the writer that calls it, with its rights over the log; REVOKE CREATE ON "
+        f"SCHEMA {pg_schema} FROM {who}, or keep the ledger in a schema of its own "
+        "(docs/postgresql.md, Security)\n"), warned
+    pg_admin(f"REVOKE CREATE ON SCHEMA {pg_schema} FROM {who}")
+    assert alloc_ledger("verify", url=pg_url).stderr == ""
+
+
+def test_grant_reporting_refuses_a_role_that_may_create_in_the_ledgers_schema_through_public(
+    pg_url, pg_schema, pg_admin, other_role, alloc_ledger
+):
+    """As every role may in ``public`` before PostgreSQL 15 (``public`` was
+    left out of this check: nothing is revoked there, it is shared)."""
+    assert alloc_ledger("submit", "node-registered", "--node", "n1", url=pg_url).returncode == 0
+    pg_admin(f"GRANT CREATE ON SCHEMA {pg_schema} TO PUBLIC")
+    refused = alloc_ledger("grant-reporting", other_role, url=pg_url)
+    assert refused.returncode != 0
+    assert refused.stderr == (
+        f"Error: cannot make {other_role} a reporting role: it may still CREATE in schema "
+        f"{pg_schema} (as a member of a role that may, or through PUBLIC); nothing was changed: "
+        "grant to a role of its own (one that may create in the ledger's schema may run its "
+        f"code as the ledger's writers: REVOKE CREATE ON SCHEMA {pg_schema} FROM PUBLIC, as "
+        "PostgreSQL 15 does for public, or from the role it has it from)\n"), refused
+    assert pg_admin(f"SELECT has_schema_privilege('{other_role}', '{pg_schema}', 'USAGE')") == [
+        (False,)], "something was granted"
+    pg_admin(f"REVOKE CREATE ON SCHEMA {pg_schema} FROM PUBLIC")
+    granted = alloc_ledger("grant-reporting", other_role, url=pg_url)
+    assert granted.returncode == 0, granted.stderr
+
+
+def test_grant_reporting_refuses_where_every_role_may_create_in_public(
+    pg_dsn, pg_admin, other_role, alloc_ledger
+):
+    """A ledger in ``public`` of a database whose ``public`` lets every role
+    create (PostgreSQL 14's default) was made a reporting role's without a word."""
+    database = f"db_{uuid.uuid4().hex[:12]}"
+    pg_admin(f"CREATE DATABASE {database}")
+    try:
+        parts = urlsplit(pg_dsn)
+        url = parts._replace(path=f"/{database}").geturl()
+        with psycopg.connect(url, autocommit=True) as admin:
+            admin.execute("GRANT CREATE ON SCHEMA public TO PUBLIC")
+        assert alloc_ledger("submit", "node-registered", "--node", "n1", url=url).returncode == 0
+        refused = alloc_ledger("grant-reporting", other_role, url=url)
+        assert refused.returncode != 0
+        assert refused.stderr.startswith(
+            f"Error: cannot make {other_role} a reporting role: it may still CREATE in schema "
+            "public (as a member of a role that may, or through PUBLIC); nothing was changed"
+        ), refused
+        assert "REVOKE CREATE ON SCHEMA public FROM PUBLIC" in refused.stderr
+        assert "may create objects in schema public" in alloc_ledger("verify", url=url).stderr
+        with psycopg.connect(url, autocommit=True) as admin:
+            admin.execute("REVOKE CREATE ON SCHEMA public FROM PUBLIC")
+        granted = alloc_ledger("grant-reporting", other_role, url=url)
+        assert granted.returncode == 0, granted.stderr
+        assert alloc_ledger("verify", url=url).stderr == ""
+    finally:
+        pg_admin(f"DROP DATABASE IF EXISTS {database} WITH (FORCE)")
