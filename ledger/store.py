@@ -295,10 +295,18 @@ def redacted(url: str) -> str:
     for messages."""
     password = urlsplit(url).password
     shown = url if password is None else url.replace(f":{password}@", ":***@", 1)
-    return PASSWORD_PARAMETER.sub(r"\1***", shown)
+    return PARAMETER.sub(_masked, shown)
 
 
-PASSWORD_PARAMETER = re.compile(r"(?i)([?&]password=)[^&#]*")
+PARAMETER = re.compile(r"([?&])([^=&#]*)=([^&#]*)")
+SECRETS = ("password", "sslpassword")  # libpq's: the server's, and the client key's
+
+
+def _masked(parameter: re.Match[str]) -> str:
+    """A URL parameter, its value masked if it is a secret (its name as libpq
+    reads it: ``pass%77ord`` is ``password``)."""
+    separator, name, _ = parameter.groups()
+    return f"{separator}{name}=***" if unquote(name).lower() in SECRETS else parameter[0]
 
 
 def _parameters(query: str) -> dict[str, list[str]]:

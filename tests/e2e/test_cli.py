@@ -1181,11 +1181,14 @@ def test_the_store_on_the_command_line_needs_no_store_variable(tmp_path, monkeyp
     assert [p.name for p in tmp_path.iterdir()] == ["given.db"]
 
 
-def test_a_password_given_as_a_url_parameter_is_not_shown_either():
-    result = invoke(["--store", "postgresql://127.0.0.1/db?password=s3cret&bogus=1", "query",
+@pytest.mark.parametrize("name", ["password", "pass%77ord", "sslpassword"])
+def test_a_password_given_as_a_url_parameter_is_not_shown_either(name):
+    """libpq reads ``pass%77ord`` as ``password``; ``sslpassword`` unlocks the
+    client's key: both were shown as given (helper-305)."""
+    result = invoke(["--store", f"postgresql://127.0.0.1/db?{name}=s3cret&bogus=1", "query",
                      "nodes"], code=3)
     assert result.stderr.startswith(
-        "Error: cannot open store postgresql://127.0.0.1/db?password=***&bogus=1: unknown option "
+        f"Error: cannot open store postgresql://127.0.0.1/db?{name}=***&bogus=1: unknown option "
         "'bogus'"), result.stderr
     assert "s3cret" not in result.stderr
 
