@@ -547,6 +547,9 @@ class PostgresStore:
                        "more than PostgreSQL's 63")
         if not SCHEMA_NAME.fullmatch(self.schema):
             self._fail(f"schema name {self.schema!r} must be lower case letters, digits and _")
+        if self.schema.startswith("pg_") or self.schema == "information_schema":
+            self._fail(f"schema name {self.schema!r} is PostgreSQL's own (pg_… and "
+                       "information_schema are the system's): choose another")
         inline = options.get("projections", "follow")
         if inline not in ("inline", "follow"):
             self._fail(f"projections={inline} must be inline or follow")

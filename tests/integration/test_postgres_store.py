@@ -563,6 +563,9 @@ def test_a_password_given_twice_is_refused(fails_to_open):
     ("schema=Bad-Name", "schema name 'Bad-Name'"),
     ("schema=user", "schema name 'user' is an SQL keyword: choose another"),  # was a syntax error
     ("schema=default", "schema name 'default' is an SQL keyword: choose another"),
+    *((f"schema={system}", (f"schema name '{system}' is PostgreSQL's own (pg_… and "
+       "information_schema are the system's): choose another"))  # a superuser made a ledger
+      for system in ("information_schema", "pg_catalog", "pg_toast", "pg_temp_3")),
     ("schema=" + "a" * 64, (f"schema name '{'a' * 64}' is 64 characters long, more than "
      "PostgreSQL's 63")),
     ("projections=sometimes", "projections=sometimes"),
