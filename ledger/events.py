@@ -32,6 +32,7 @@ from typing_extensions import TypedDict
 
 from ledger.errors import InvalidEvent
 from ledger.model import (
+    MAX_ADDRESSES,
     MAX_SLOTS,
     OUT_OF_YEARS,
     RFC3339,
@@ -142,7 +143,7 @@ AllocName = Annotated[NewName, NotSlotLike, UNLIKE_A_SLOT]
 Addresses = Annotated[
     list[Annotated[Address, NotSlotLike, UNLIKE_A_SLOT]],
     AfterValidator(_unique),
-    Field(json_schema_extra={"uniqueItems": True}),
+    Field(max_length=MAX_ADDRESSES, json_schema_extra={"uniqueItems": True}),
 ]
 
 

@@ -38,6 +38,9 @@ RECONNECT_FORGETS_UNKNOWN = 2  # an allocation that stops waiting is unknown_sin
 HEALTH_REASON = 3  # reason: why down while down, why suspect otherwise (kept in health_reason)
 LOSSES_AT_DISCONNECT = 3  # lost_allocs: all lost since last ready, at a disconnect too
 MAX_SLOTS = 1024  # the most slots a node may have: submit takes no more, a replay applies no more
+# The most addresses a placement may list: each is held (a row, an entity)
+# while it is decided, so a line of 1 MiB stays a few MB in memory.
+MAX_ADDRESSES = 1024
 RULES = 3
 
 # A deadline past the year 9999, as the one text form writes it: it never

@@ -446,7 +446,8 @@ def test_the_schema_names_its_draft_and_that_addresses_are_unique() -> None:
 
     assert schema["$schema"] == "https://json-schema.org/draft/2020-12/schema"
     addresses = schema_of("alloc-placed")["properties"]["addresses"]["anyOf"][0]
-    assert (addresses["type"], addresses["uniqueItems"]) == ("array", True)
+    assert (addresses["type"], addresses["uniqueItems"], addresses["maxItems"]) == (
+        "array", True, 1024)
     assert "format" not in schema_of("heartbeat")["properties"]["at"]["anyOf"][0]
 
 
@@ -512,6 +513,9 @@ def test_the_schema_takes_1_0_for_an_integer_where_submit_refuses_it() -> None:
     (PLACED | {"addresses": ["x" * 256]}, None),
     (PLACED | {"addresses": ["x" * 257]},
      "field 'addresses.0': String should have at most 256 characters"),
+    (PLACED | {"addresses": [f"10.0.{i // 256}.{i % 256}" for i in range(1024)]}, None),
+    (PLACED | {"addresses": [f"10.0.{i // 256}.{i % 256}" for i in range(1025)]},  # helper-305
+     "field 'addresses': Value should have at most 1024 items after validation, not 1025"),
     ({"type": "heartbeat", "node": "n1", "source": "s" * 1024}, None),
     ({"type": "heartbeat", "node": "n1", "source": "s" * 1025},
      "field 'source': String should have at most 1024 characters"),
