@@ -69,6 +69,7 @@ from psycopg import sql
 from ledger.batches import BATCH_BYTES
 from ledger.errors import StoreUnavailable
 from ledger.model import Event, Receipt
+from ledger.readable import beyond_limits, event_problem
 from ledger.store import Decider
 
 if TYPE_CHECKING:
@@ -302,6 +303,22 @@ def _wait(committing: Future[None] | None) -> None:
         committing.result()
 
 
+def malformed(batch: Any) -> str | None:
+    """What makes a batch handed over one a writer does not make (a list of
+    events as ``ledger.events.received`` returns them), shape and limits;
+    None if nothing."""
+    if not isinstance(batch, list) or not batch:
+        return "not a list of events"
+    for event in batch:
+        if not isinstance(event, dict):
+            return "an event is not an object"
+        # ``at`` is stamped by the leader when the writer's event had none
+        problem = event_problem({"at": "", **event}) or beyond_limits(event)
+        if problem is not None:
+            return problem
+    return None
+
+
 class Handoff:
     """One writer process's side of combining: hand over, wait, and stand by to lead."""
 
@@ -326,6 +343,9 @@ class Handoff:
         self.leading = False
         self.rounds = 0
         self.in_round: list[int] = []  # the batches (``handoff`` ids) the last round took
+        # A round failed in a way no batch a writer of this release hands
+        # over makes it fail: the next rounds look at each batch first.
+        self.doubting = False
         self.watchdog = Watchdog()  # the writer's statements answered in time
 
     # -- the writer's side -----------------------------------------------------
@@ -532,6 +552,14 @@ class Handoff:
                         if isinstance(error.__cause__, psycopg.errors.LockNotAvailable):
                             end_stalled(connection, self.lease)  # it waited a lease for the log
                         raise
+                    except (TypeError, ValueError, LookupError, AttributeError):
+                        if self.doubting:
+                            raise  # every batch looked well made: the failure is this code's
+                        self.doubting = True  # a batch not made by a writer? (rolled back)
+                        _wait(committing)
+                        committing = None
+                        continue
+                    self.doubting = False  # until a round fails so again
                     committing = None if written is None else committer.submit(written.close)
                     if written is None and idle:  # every batch handed is in another's round
                         if time.monotonic() - looked > RENEW:
@@ -564,6 +592,12 @@ class Handoff:
                 transaction.close()
                 return None
             batches = [(key, orjson.loads(events), pid) for _, key, events, pid, _, _ in taken]
+            if self.doubting:
+                batches = self._refuse_malformed(cursor, batches)
+                if not batches:
+                    _wait(committing)
+                    self.store.send_commit()
+                    return transaction  # the refusals, committed
             events = [e for _, b, _ in batches for e in b]
             inline = any(row[4] for row in taken)  # a writer wants the projections inline
             ahead = committing is not None and not inline
@@ -581,6 +615,29 @@ class Handoff:
             transaction.__exit__(*sys.exc_info())  # rolls back: the batches go back
             raise
         return transaction
+
+    def _refuse_malformed(
+        self, cursor: Any, batches: list[tuple[str, Any, int]]
+    ) -> list[tuple[str, list[Event], int]]:
+        """The batches whose events are each as a writer hands one over; the
+        others (put in ``handoff`` by hand, or by a writer of another
+        release) are answered invalid and dropped, so that one of them does
+        not fail every round, and every writer with it (helper-305)."""
+        kept: list[tuple[str, list[Event], int]] = []
+        refused: list[tuple[str, list[Event], int]] = []
+        receipts: list[Receipt] = []
+        for key, batch, pid in batches:
+            problem = malformed(batch)
+            if problem is None:
+                kept.append((key, batch, pid))
+                continue
+            events = batch if isinstance(batch, list) and batch else [{}]  # one answer at least
+            refused.append((key, events, pid))
+            receipts += [Receipt("invalid", None, f"the batch handed over to the leader is not "
+                                 f"one a writer makes: {problem}")] * len(events)
+        if refused:
+            self._give(cursor, refused, receipts)
+        return kept
 
     def _give(
         self, cursor: Any, batches: list[tuple[str, list[Event], int]], receipts: list[Receipt]

@@ -130,3 +130,53 @@ def test_grant_reporting_refuses_where_every_role_may_create_in_public(
         assert alloc_ledger("verify", url=url).stderr == ""
     finally:
         pg_admin(f"DROP DATABASE IF EXISTS {database} WITH (FORCE)")
+
+
+HAND = ("INSERT INTO {schema}.handoff (batch, events, inline, pid, started) "
+        "SELECT %s, %s, false, pid, backend_start FROM pg_stat_get_activity(pg_backend_pid())")
+
+
+@pytest.mark.parametrize("batch", [
+    b'[{"type": "heartbeat", "node": "n1", "slots": "not a list"}]',
+    b'[{"type": "node-registered", "node": "n9", "slots": 5000}]',
+    b'{"type": "heartbeat", "node": "n1"}',
+    b"[7]",
+], ids=["slot report not a list", "more slots than a node has", "not a list", "not an event"])
+def test_a_batch_no_writer_made_handed_over_does_not_stop_every_writer(
+    pg_url, pg_schema, pg_dsn, pg_admin, alloc_ledger, batch
+):
+    """A session that may write ``handoff`` put a batch there by hand (or a
+    writer of another release did): every round failed on it, and every
+    writer with it (``internal error: TypeError …``, exit 1), for as long as
+    that session stayed (helper-305). The leader now answers that batch
+    invalid and decides the others."""
+    with Ledger.open(pg_url) as ledger:
+        ledger.submit({"type": "node-registered", "node": "n1", "slots": 1})
+    with psycopg.connect(pg_dsn, autocommit=True) as session:  # alive while a leader takes it
+        session.execute(HAND.format(schema=pg_schema), ("k" * 32, batch))
+        result = alloc_ledger("submit", "heartbeat", "--node", "n1", url=pg_url, timeout=60)
+        assert (result.returncode, result.stderr) == (0, ""), result
+        assert json.loads(result.stdout)["status"] == "appended"
+        assert pg_admin(f"SELECT count(*) FROM {pg_schema}.handoff") == [(0,)]
+    states = [bytes(row[0]) for row in pg_admin(
+        f"SELECT state FROM {pg_schema}.stored_events ORDER BY originator_version")]
+    assert len(states) == 2 and b'"heartbeat"' in states[1]
+    assert alloc_ledger("verify", url=pg_url).returncode == 0
+
+
+def test_a_round_that_fails_on_well_made_batches_still_surfaces_the_failure(
+    pg_url, monkeypatch
+):
+    """The leader looks at each batch after a round fails so; when none is
+    malformed the failure is the code's, and the writer is told it, not
+    kept waiting while rounds fail again and again."""
+    from ledger.domain import Cluster
+
+    def failing(self: Cluster, event: object, fact: object) -> None:
+        raise TypeError("a bug in the heartbeat rule")
+
+    monkeypatch.setattr(Cluster, "heartbeat", failing)  # before the ledger's cluster is made
+    with Ledger.open(pg_url) as ledger:
+        ledger.submit({"type": "node-registered", "node": "n1", "slots": 1})
+        with pytest.raises(TypeError, match="a bug in the heartbeat rule"):
+            ledger.submit({"type": "heartbeat", "node": "n1"})
