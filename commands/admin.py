@@ -14,7 +14,7 @@ from commands.output import echo, line
 from ledger.application import Ledger
 from ledger.errors import BadOption
 from ledger.events import json_schema
-from ledger.store import open_store, store_url
+from ledger.store import open_store
 
 BATCH = 1000
 
@@ -37,16 +37,23 @@ BATCH = 1000
     help="With --follow: when the store is lost, reopen it (after 1 s, doubling up to "
     "30 s) and go on, or exit 3.",
 )
+@click.option(
+    "--quiet", is_flag=True,
+    help="With --follow: no line per transaction, only those that start, resume and stop "
+    "following (a follower of a busy store prints about one a second).",
+)
 @click.pass_context
-def project(ctx: click.Context, follow: bool, batch: int, poll: float, reconnect: bool) -> None:
+def project(
+    ctx: click.Context, follow: bool, batch: int, poll: float, reconnect: bool, quiet: bool,
+) -> None:
     """Bring the projection tables up to date with the log.
 
     Events are applied in transactions of at most --batch events, each
     recording how far it got, so an interrupted run (even kill -9) resumes
     where it stopped and never applies an event twice. With --follow, keep
     going: on PostgreSQL each append wakes the follower (LISTEN/NOTIFY); one
-    JSON progress line is printed per transaction, and Ctrl-C, SIGTERM or SIGHUP stops
-    it cleanly. Several followers may run at once: each transaction locks the
+    JSON progress line is printed per transaction (none with --quiet), and
+    Ctrl-C, SIGTERM or SIGHUP stops it cleanly. Several followers may run at once: each transaction locks the
     tracking row, so no event is applied twice. A follower that loses the
     store (a server restart) warns on stderr and reconnects, unless
     --no-reconnect; a store that cannot be opened at the start is exit 3.
@@ -59,9 +66,10 @@ def project(ctx: click.Context, follow: bool, batch: int, poll: float, reconnect
     # A mistyped path or schema must not become an empty ledger that a
     # follower then keeps "current" forever: only submit makes a store.
     if follow:
-        follower.follow(url, batch, poll, reconnect)
+        follower.follow(url, batch, poll, reconnect, progress=not quiet)
         return
-    for name, flag in (("poll", "--poll"), ("reconnect", "--reconnect/--no-reconnect")):
+    for name, flag in (("poll", "--poll"), ("reconnect", "--reconnect/--no-reconnect"),
+                       ("quiet", "--quiet")):
         if ctx.get_parameter_source(name) is not ParameterSource.DEFAULT:
             raise click.UsageError(f"{flag} goes with --follow")
     with Ledger.open(url, create=False) as ledger:
@@ -90,7 +98,7 @@ def grant_reporting(ctx: click.Context, role: str) -> None:
     """
     if not role.strip():
         raise click.BadParameter("a role name is needed", param_hint="ROLE")
-    url = store_url(store_of(ctx))
+    url = store_of(ctx)
     if urlsplit(url).scheme not in ("postgresql", "postgres"):
         raise BadOption(
             "--store", "grant-reporting needs a PostgreSQL store (SQLite has no roles: give "

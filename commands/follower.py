@@ -57,15 +57,18 @@ def follow(
     reconnect: bool = True,
     opener: Callable[[str, bool], Ledger] | None = None,
     sleep: Callable[[float], None] = time.sleep,
+    progress: bool = True,
 ) -> None:
     """Keep the tables current until interrupted (Ctrl-C, SIGTERM or SIGHUP).
 
     ``opener(url, create)`` opens the ledger, never creating it: a store
     that holds no ledger is refused at the start, and after a loss (a schema
     dropped meanwhile is not made anew, empty). ``sleep`` waits between
-    tries to reopen it."""
+    tries to reopen it. ``progress``: a line per transaction, else only
+    the lines that start, resume and stop following."""
     with terminated_as_interrupted():  # a service manager's stop too
-        _keep_following(url, batch, poll, reconnect, opener or Ledger.open, Backoff(sleep))
+        _keep_following(
+            url, batch, poll, reconnect, opener or Ledger.open, Backoff(sleep), progress)
 
 
 class Backoff:
@@ -89,7 +92,7 @@ class Backoff:
 
 def _keep_following(
     url: str, batch: int, poll: float, reconnect: bool,
-    opener: Callable[[str, bool], Ledger], backoff: Backoff,
+    opener: Callable[[str, bool], Ledger], backoff: Backoff, progress: bool,
 ) -> None:
     opened = opener(url, False)
     ledger: Ledger | None = opened  # None while the store is lost
@@ -97,7 +100,7 @@ def _keep_following(
     try:
         while True:
             try:
-                _follow_while_connected(opened, batch, poll, resumed, backoff)
+                _follow_while_connected(opened, batch, poll, resumed, backoff, progress)
             except StoreUnavailable as lost:
                 if not reconnect or isinstance(lost, NeedsNewerRelease):
                     raise  # no wait brings back what only an upgrade can read
@@ -114,13 +117,13 @@ def _keep_following(
 
 
 def _follow_while_connected(
-    ledger: Ledger, batch: int, poll: float, resumed: bool, backoff: Backoff
+    ledger: Ledger, batch: int, poll: float, resumed: bool, backoff: Backoff, progress: bool,
 ) -> None:
     with _appends(ledger.store) as wait:
         first: dict[str, object] = {"following": True, "lag": ledger.lag()}
         line(first | {"reconnected": True} if resumed else first)
         while True:
-            catch_up(ledger, batch, report=True, committed=backoff.reset)
+            catch_up(ledger, batch, report=progress, committed=backoff.reset)
             wait(poll)
 
 

@@ -107,6 +107,29 @@ def test_follow_keeps_the_tables_current_as_others_append(
     assert all(to - start <= 100 for start, to in follower.batches)
 
 
+def test_a_quiet_follower_prints_only_when_it_starts_and_stops(
+    pg_url, tmp_path, tables, alloc_ledger
+):
+    """A follower run as a service printed a line per transaction (about
+    110 MB a day at 200 events/s: helper-303); with --quiet, none."""
+    read = tables(pg_url)
+    follower = Follower(pg_url, 100, "--quiet")
+    try:
+        submitted(alloc_ledger, pg_url, history_file(tmp_path, 1500, 1))
+        head = read.head()
+        follower.wait_for(lambda: read.tracked() == head)
+    finally:
+        code, errors = follower.stop()
+    assert (code, errors) == (0, "")
+    assert follower.lines == [{"following": True, "lag": 0}, {"stopped": True, "lag": 0}]
+
+
+def test_quiet_goes_with_follow(pg_url, alloc_ledger):
+    refused = alloc_ledger("project", "--quiet", url=pg_url)
+    assert refused.returncode == 2
+    assert "--quiet goes with --follow" in refused.stderr
+
+
 def test_kill_9_mid_catch_up_then_resume_applies_every_event_exactly_once(
     pg_url, tmp_path, tables, replayed, alloc_ledger
 ):
