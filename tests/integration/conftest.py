@@ -184,3 +184,13 @@ def pg_admin() -> Callable[[str], list[tuple[Any, ...]]]:
     postgres_or_skip()
     return run_admin
 
+
+@pytest.fixture
+def login_role(pg_admin: Callable[[str], list[tuple[Any, ...]]]) -> Iterator[str]:
+    """A fresh role that may log in, dropped afterwards with what it owns."""
+    name = f"role_{uuid.uuid4().hex[:10]}"
+    pg_admin(f"CREATE ROLE {name} LOGIN")
+    yield name
+    pg_admin(f"DROP OWNED BY {name}")
+    pg_admin(f"DROP ROLE {name}")
+

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import uuid
-from collections.abc import Iterator
 from urllib.parse import urlsplit
 
 import psycopg
@@ -33,12 +32,8 @@ END $$;
 
 
 @pytest.fixture
-def other_role(pg_admin) -> Iterator[str]:
-    name = f"creator_{uuid.uuid4().hex[:10]}"
-    pg_admin(f"CREATE ROLE {name} LOGIN")
-    yield name
-    pg_admin(f"DROP OWNED BY {name}")
-    pg_admin(f"DROP ROLE {name}")
+def other_role(login_role: str) -> str:
+    return login_role
 
 
 def test_a_role_that_may_create_in_the_schema_does_not_get_its_unnest_run_by_the_writer(

@@ -6,7 +6,6 @@ event log is append-only even for the ledger's own role.
 from __future__ import annotations
 
 import json
-import uuid
 from collections.abc import Iterator
 from typing import Any
 from urllib.parse import urlsplit
@@ -23,12 +22,8 @@ HIDDEN = ["stored_events", "event_ids", "event_hashes", "tracking", "state_nodes
 
 
 @pytest.fixture
-def role(pg_admin) -> Iterator[str]:
-    name = f"report_{uuid.uuid4().hex[:10]}"
-    pg_admin(f"CREATE ROLE {name} LOGIN")
-    yield name
-    pg_admin(f"DROP OWNED BY {name}")
-    pg_admin(f"DROP ROLE {name}")
+def role(login_role: str) -> str:
+    return login_role
 
 
 @pytest.fixture
