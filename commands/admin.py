@@ -39,8 +39,8 @@ BATCH = 1000
 )
 @click.option(
     "--quiet", is_flag=True,
-    help="With --follow: no line per transaction, only those that start, resume and stop "
-    "following (a follower of a busy store prints about one a second).",
+    help="With --follow: print only the lines that start, resume and stop following, not "
+    "one per transaction (about one a second for a busy store).",
 )
 @click.pass_context
 def project(

@@ -58,13 +58,13 @@ class Relation(NamedTuple):
 # The ledger's relations of some names in the store's schema, each with its
 # grants (a NULL ACL is the owner's default: no one else's).
 RELATIONS = (
-    "SELECT c.relname, c.oid::int8, c.relkind::text, pg_get_userbyid(c.relowner), "
-    "CASE WHEN c.relkind = 'v' THEN pg_get_viewdef(c.oid) END, "
-    "(SELECT COALESCE(json_agg(json_build_array(CASE WHEN a.grantee = 0 THEN 'PUBLIC' "
-    "ELSE pg_get_userbyid(a.grantee) END, a.privilege_type, a.is_grantable)), '[]') "
-    "FROM aclexplode(COALESCE(c.relacl, acldefault('r', c.relowner))) a "
+    "SELECT c.relname, c.oid::int8, c.relkind::text, pg_catalog.pg_get_userbyid(c.relowner), "
+    "CASE WHEN c.relkind = 'v' THEN pg_catalog.pg_get_viewdef(c.oid) END, "
+    "(SELECT COALESCE(pg_catalog.json_agg(pg_catalog.json_build_array(CASE WHEN a.grantee = 0 THEN 'PUBLIC' "
+    "ELSE pg_catalog.pg_get_userbyid(a.grantee) END, a.privilege_type, a.is_grantable)), '[]') "
+    "FROM pg_catalog.aclexplode(COALESCE(c.relacl, pg_catalog.acldefault('r', c.relowner))) a "
     "WHERE a.grantee <> c.relowner) "
-    "FROM pg_class c WHERE c.relnamespace = to_regnamespace(current_schema()) "
+    "FROM pg_class c WHERE c.relnamespace = pg_catalog.to_regnamespace(pg_catalog.current_schema()) "
     "AND c.relname = ANY(%s::text[])"
 )
 

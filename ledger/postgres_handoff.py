@@ -51,6 +51,7 @@ from __future__ import annotations
 
 import itertools
 import os
+import re
 import socket
 import sys
 import threading
@@ -83,7 +84,7 @@ TABLES = [  # created with the schema (PostgresStore)
     "ALTER TABLE handoff ADD COLUMN IF NOT EXISTS inline BOOLEAN NOT NULL DEFAULT false",
     """CREATE UNLOGGED TABLE IF NOT EXISTS outcomes (
         batch TEXT PRIMARY KEY, receipts BYTEA NOT NULL,
-        decided_at TIMESTAMPTZ NOT NULL DEFAULT now())""",
+        decided_at TIMESTAMPTZ NOT NULL DEFAULT pg_catalog.now())""",
     "CREATE INDEX IF NOT EXISTS outcomes_decided_at ON outcomes (decided_at)",
 ]
 # A batch names the session that handed it over; a batch whose writer has
@@ -93,8 +94,8 @@ TABLES = [  # created with the schema (PostgresStore)
 # start is not visible counts as its writer's.
 HAND = (
     "WITH handed AS (INSERT INTO handoff (batch, events, inline, pid, started) "
-    "SELECT %s, %s, %s, pid, backend_start FROM pg_stat_get_activity(pg_backend_pid()) "
-    "RETURNING 1) SELECT pg_notify(%s, '') FROM handed"
+    "SELECT %s, %s, %s, pid, backend_start FROM pg_catalog.pg_stat_get_activity(pg_catalog.pg_backend_pid()) "
+    "RETURNING 1) SELECT pg_catalog.pg_notify(%s, '') FROM handed"
 )
 # A round takes the oldest batches waiting whose handed-over events hold at
 # most ``ROUND_BYTES`` (the oldest alone when it holds more), in order: a
@@ -105,8 +106,8 @@ HAND = (
 # they are left out of the sum, and the lock skips them (and those that
 # another session holds: a writer taking its batch back).
 TAKE = (
-    "WITH waiting AS (SELECT id, row_number() OVER w AS nth, "
-    "sum(octet_length(events)) OVER w AS held FROM handoff "
+    "WITH waiting AS (SELECT id, pg_catalog.row_number() OVER w AS nth, "
+    "pg_catalog.sum(pg_catalog.octet_length(events)) OVER w AS held FROM handoff "
     "WHERE id <> ALL(%(committing)s::bigint[]) "
     "WINDOW w AS (ORDER BY id ROWS UNBOUNDED PRECEDING)), "
     "taken AS (DELETE FROM handoff WHERE id IN (SELECT id FROM handoff WHERE id IN "
@@ -115,7 +116,7 @@ TAKE = (
     "SELECT id, batch, CASE WHEN alive THEN events END, pid, inline, alive FROM ("
     "SELECT t.*, a.pid IS NOT NULL AND (a.backend_start IS NULL OR t.started IS NULL "
     "OR a.backend_start = t.started) AS alive FROM taken t "
-    "LEFT JOIN pg_stat_get_activity(NULL) a ON a.pid = t.pid) t ORDER BY id"
+    "LEFT JOIN pg_catalog.pg_stat_get_activity(NULL) a ON a.pid = t.pid) t ORDER BY id"
 )
 # The events a round takes, in bytes of their JSON as handed over: a leader
 # holds a round several times over while it decides and writes it (and the
@@ -129,10 +130,10 @@ GIVE = (
     "INSERT INTO outcomes (batch, receipts) "
     "SELECT * FROM ROWS FROM (pg_catalog.unnest(%s::text[]), pg_catalog.unnest(%s::bytea[]))"
 )
-TELL = ("SELECT pg_notify(c, p) FROM "
+TELL = ("SELECT pg_catalog.pg_notify(c, p) FROM "
         "ROWS FROM (pg_catalog.unnest(%s::text[]), pg_catalog.unnest(%s::text[])) t(c, p)")
 # Receipts of writers that died before reading them.
-PURGE = "DELETE FROM outcomes WHERE decided_at < now() - interval '1 hour'"
+PURGE = "DELETE FROM outcomes WHERE decided_at < pg_catalog.now() - interval '1 hour'"
 PURGE_EVERY = 1000  # rounds
 POLL = 0.05  # seconds a writer or an idle leader waits for a notification before looking
 RENEW = 0.5  # seconds between a leader's renewals of its lease
@@ -169,11 +170,11 @@ WITHDRAW = (
 STALLED = (
     "SELECT DISTINCT a.pid FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid "
     "WHERE l.granted AND l.database = (SELECT oid FROM pg_database "
-    "WHERE datname = current_database()) "
+    "WHERE datname = pg_catalog.current_database()) "
     "AND ((l.relation = 'stored_events'::regclass AND l.mode = 'ExclusiveLock') "
     "OR (l.relation = 'handoff'::regclass AND l.mode = 'RowExclusiveLock')) "
-    "AND a.state = 'active' AND a.wait_event = 'ClientRead' AND a.pid <> pg_backend_pid() "
-    "AND a.state_change < now() - make_interval(secs => %s)"
+    "AND a.state = 'active' AND a.wait_event = 'ClientRead' AND a.pid <> pg_catalog.pg_backend_pid() "
+    "AND a.state_change < pg_catalog.now() - pg_catalog.make_interval(secs => %s)"
 )
 
 
@@ -257,7 +258,7 @@ def end_stalled(connection: psycopg.Connection[Any], lease: float) -> None:
     """End the ``STALLED`` sessions (those this role may end: its own)."""
     for (pid,) in connection.execute(STALLED, (lease,)).fetchall():
         with suppress(psycopg.errors.InsufficientPrivilege):
-            connection.execute("SELECT pg_terminate_backend(%s)", (pid,))
+            connection.execute("SELECT pg_catalog.pg_terminate_backend(%s)", (pid,))
 
 
 def connection_lost(error: BaseException | None) -> bool:
@@ -303,6 +304,22 @@ def _wait(committing: Future[None] | None) -> None:
         committing.result()
 
 
+BAD_KEY = "a key no writer makes"
+KEY = re.compile(r"[0-9a-f]{32}")  # a writer's: uuid4().hex
+AT = re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{6}Z")  # ledger.model.timestamp's form
+
+
+def not_handed_by_a_writer(key: str, raw: bytes) -> str | None:
+    """What a writer never hands over, seen without parsing the batch (every
+    round looks): a key of other form, or a NUL in a text (the vocabulary
+    refuses it, and PostgreSQL's text cannot hold it)."""
+    if not KEY.fullmatch(key):
+        return BAD_KEY
+    if b"\\u0000" in raw:
+        return "a text holds NUL"
+    return None
+
+
 def malformed(batch: Any) -> str | None:
     """What makes a batch handed over one a writer does not make (a list of
     events as ``ledger.events.received`` returns them), shape and limits;
@@ -316,6 +333,8 @@ def malformed(batch: Any) -> str | None:
         problem = event_problem({"at": "", **event}) or beyond_limits(event)
         if problem is not None:
             return problem
+        if "at" in event and not (isinstance(event["at"], str) and AT.fullmatch(event["at"])):
+            return "field 'at' is not a time in the ledger's form"
     return None
 
 
@@ -497,7 +516,7 @@ class Handoff:
             while not self.stopping.is_set():  # stand by: try for the lead now and then
                 lease.execute("BEGIN")
                 row = lease.execute(
-                    "SELECT pg_try_advisory_xact_lock(%s, %s)", self.lock_key).fetchone()
+                    "SELECT pg_catalog.pg_try_advisory_xact_lock(%s, %s)", self.lock_key).fetchone()
                 if row is not None and row[0]:
                     break
                 lease.execute("ROLLBACK")
@@ -591,13 +610,15 @@ class Handoff:
                 _wait(committing)
                 transaction.close()
                 return None
-            batches = [(key, orjson.loads(events), pid) for _, key, events, pid, _, _ in taken]
-            if self.doubting:
-                batches = self._refuse_malformed(cursor, batches)
+            handed = [(key, bytes(events), pid) for _, key, events, pid, _, _ in taken]
+            if self.doubting or any(not_handed_by_a_writer(key, raw) for key, raw, _ in handed):
+                batches = self._refuse_malformed(cursor, handed)
                 if not batches:
                     _wait(committing)
                     self.store.send_commit()
                     return transaction  # the refusals, committed
+            else:
+                batches = [(key, orjson.loads(raw), pid) for key, raw, pid in handed]
             events = [e for _, b, _ in batches for e in b]
             inline = any(row[4] for row in taken)  # a writer wants the projections inline
             ahead = committing is not None and not inline
@@ -617,17 +638,26 @@ class Handoff:
         return transaction
 
     def _refuse_malformed(
-        self, cursor: Any, batches: list[tuple[str, Any, int]]
+        self, cursor: Any, handed: list[tuple[str, bytes, int]]
     ) -> list[tuple[str, list[Event], int]]:
-        """The batches whose events are each as a writer hands one over; the
-        others (put in ``handoff`` by hand, or by a writer of another
-        release) are answered invalid and dropped, so that one of them does
-        not fail every round, and every writer with it (helper-305)."""
+        """The batches, parsed, whose events are each as a writer hands one
+        over; the others (put in ``handoff`` by hand, or by a writer of
+        another release) are answered invalid and dropped, so that one of
+        them does not fail every round, and every writer with it
+        (helper-305, helper-306); one under a key no writer makes is
+        dropped unanswered."""
         kept: list[tuple[str, list[Event], int]] = []
         refused: list[tuple[str, list[Event], int]] = []
         receipts: list[Receipt] = []
-        for key, batch, pid in batches:
-            problem = malformed(batch)
+        for key, raw, pid in handed:
+            problem = not_handed_by_a_writer(key, raw)
+            if problem == BAD_KEY:
+                continue
+            try:
+                batch = orjson.loads(raw)
+            except orjson.JSONDecodeError:
+                batch, problem = None, "not JSON"
+            problem = problem or malformed(batch)
             if problem is None:
                 kept.append((key, batch, pid))
                 continue

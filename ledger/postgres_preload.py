@@ -98,7 +98,7 @@ class PreloadQueries:
             "allocs": f"SELECT {ALLOC_COLUMNS} FROM {t}allocations WHERE alloc = ANY(%(a)b::text[])",
             "addresses": f"SELECT {ADDRESS_COLUMNS} FROM {t}addresses WHERE address IN ("
                          "SELECT pg_catalog.unnest(%(x)b::text[]) UNION "
-                         "SELECT json_array_elements_text(addresses::json) "
+                         "SELECT pg_catalog.json_array_elements_text(addresses::json) "
                          f"FROM {t}allocations WHERE alloc = ANY(%(a)b::text[]))",
         }
 

@@ -114,14 +114,14 @@ STATE_PREFIX = tables.STATE_PREFIX
 # sent (psycopg's cursor takes a whole result at once). A state set to NULL
 # by hand reads as no bytes, which verify names.
 _PAGE_SIZES = (
-    "SELECT originator_version, COALESCE(octet_length(state), 0) AS size FROM stored_events "
+    "SELECT originator_version, COALESCE(pg_catalog.octet_length(state), 0) AS size FROM stored_events "
     "WHERE originator_id = %(stream)s AND originator_version > %(after)s "
     "AND originator_version <= %(upto)s ORDER BY originator_version LIMIT %(page)s")
 LOG_PAGE = (
     "SELECT originator_version, topic, COALESCE(state, ''::bytea) FROM stored_events "
     "WHERE originator_id = %(stream)s AND originator_version > %(after)s "
-    "AND originator_version <= (SELECT CASE WHEN COALESCE(sum(size), 0) < %(bytes)s THEN %(upto)s "
-    "ELSE (SELECT min(originator_version) FROM (SELECT originator_version, sum(size) OVER "
+    "AND originator_version <= (SELECT CASE WHEN COALESCE(pg_catalog.sum(size), 0) < %(bytes)s THEN %(upto)s "
+    "ELSE (SELECT pg_catalog.min(originator_version) FROM (SELECT originator_version, pg_catalog.sum(size) OVER "
     f"(ORDER BY originator_version ROWS UNBOUNDED PRECEDING) AS upto FROM ({_PAGE_SIZES}) page) "
     f"sizes WHERE upto >= %(bytes)s) END FROM ({_PAGE_SIZES}) page) "
     "ORDER BY originator_version LIMIT %(page)s")
@@ -152,19 +152,19 @@ IDLE_IN_TRANSACTION = 60
 # table by key: by looking each key up, not by hashing or merging the whole
 # table, which the planner picks once the table is a few hundred rows.
 KEYS_ONLY = (
-    "SELECT set_config('enable_seqscan', 'off', true), set_config('jit', 'off', true), "
-    "set_config('enable_hashjoin', 'off', true), set_config('enable_mergejoin', 'off', true)"
+    "SELECT pg_catalog.set_config('enable_seqscan', 'off', true), pg_catalog.set_config('jit', 'off', true), "
+    "pg_catalog.set_config('enable_hashjoin', 'off', true), pg_catalog.set_config('enable_mergejoin', 'off', true)"
 )
 # A write transaction's limits: how long it waits for a lock (the log's, a
 # row's), and how long the server lets its client stall idle in it (the
 # lease): a writer or leader stopped (SIGSTOP, a machine cut off) while it
 # holds the log's lock loses it, and no one waits for a lock unbounded.
 BOUNDED = (
-    f"{KEYS_ONLY}, set_config('lock_timeout', %s, true), "
-    "set_config('idle_in_transaction_session_timeout', %s, true)"
+    f"{KEYS_ONLY}, pg_catalog.set_config('lock_timeout', %s, true), "
+    "pg_catalog.set_config('idle_in_transaction_session_timeout', %s, true)"
 )
 
-SET_LOCK_TIMEOUT = "SELECT set_config('lock_timeout', %s, true)"
+SET_LOCK_TIMEOUT = "SELECT pg_catalog.set_config('lock_timeout', %s, true)"
 # How long a repair, holding the log's lock, waits for a lock another session
 # holds on a table or view it makes again, before it lets the log go.
 BRIEF_LOCK = 0.2
@@ -175,7 +175,7 @@ FROM pg_locks l
 JOIN pg_class c ON c.oid = l.relation
 JOIN pg_namespace n ON n.oid = c.relnamespace
 JOIN pg_stat_activity a ON a.pid = l.pid
-WHERE l.granted AND l.pid <> pg_backend_pid() AND n.nspname = %s AND c.relname = ANY(%s)
+WHERE l.granted AND l.pid <> pg_catalog.pg_backend_pid() AND n.nspname = %s AND c.relname = ANY(%s)
 ORDER BY c.relname, a.pid
 """
 
@@ -218,25 +218,29 @@ GUARDS = [
 GUARD_STATES = (
     "SELECT g.name, CASE WHEN t.oid IS NULL THEN 'missing' "
     "WHEN t.tgenabled IN ('D', 'R') THEN 'disabled' "
-    "WHEN t.tgfoid IS DISTINCT FROM to_regprocedure(%(refusal)s) OR t.tgtype <> g.fires "
+    "WHEN t.tgfoid IS DISTINCT FROM pg_catalog.to_regprocedure(%(refusal)s) OR t.tgtype <> g.fires "
     "OR t.tgqual IS NOT NULL OR t.tgattr <> ''::int2vector THEN 'altered' END AS how, g.n "
     "FROM ROWS FROM (pg_catalog.unnest(%(guarded)s::text[]), "
     "pg_catalog.unnest(%(guards)s::text[]), pg_catalog.unnest(%(fires)s::int2[])) "
     "WITH ORDINALITY g(relation, name, fires, n) "
-    "LEFT JOIN pg_trigger t ON t.tgrelid = to_regclass(g.relation) AND t.tgname = g.name "
+    "LEFT JOIN pg_trigger t ON t.tgrelid = pg_catalog.to_regclass(g.relation) AND t.tgname = g.name "
     "UNION ALL SELECT 'refuse_change()', CASE WHEN p.oid IS NULL THEN 'missing' "
     "WHEN p.prosrc <> %(body)s THEN 'altered' END, 0 "
-    "FROM (SELECT to_regprocedure(%(refusal)s) AS oid) f LEFT JOIN pg_proc p ON p.oid = f.oid"
+    "FROM (SELECT pg_catalog.to_regprocedure(%(refusal)s) AS oid) f LEFT JOIN pg_proc p ON p.oid = f.oid"
 )
 UNGUARDED = f"SELECT name, how FROM ({GUARD_STATES}) s WHERE how IS NOT NULL ORDER BY n"
 # The roles besides the schema's owner that may create in it (PUBLIC: all).
+# The roles besides the schema's owner and the log's (or a member of theirs:
+# the ledger's own writers) that may create in it (PUBLIC: all).
 CREATORS = (
     "SELECT CASE WHEN a.grantee = 0 THEN 'PUBLIC' ELSE pg_catalog.pg_get_userbyid(a.grantee) END "
     "FROM pg_catalog.pg_namespace s, pg_catalog.aclexplode(COALESCE(s.nspacl, "
-    "pg_catalog.acldefault('n', s.nspowner))) a WHERE s.nspname = %s "
-    "AND a.privilege_type = 'CREATE' AND a.grantee <> s.nspowner ORDER BY 1"
+    "pg_catalog.acldefault('n', s.nspowner))) a WHERE s.nspname = %(schema)s "
+    "AND a.privilege_type = 'CREATE' AND a.grantee <> s.nspowner AND (a.grantee = 0 OR NOT "
+    "COALESCE(pg_catalog.pg_has_role(a.grantee, (SELECT c.relowner FROM pg_catalog.pg_class c "
+    "WHERE c.oid = pg_catalog.to_regclass(%(log)s)), 'MEMBER'), false)) ORDER BY 1"
 )
-OWNER = "SELECT pg_get_userbyid(relowner) FROM pg_class WHERE oid = to_regclass(%s)"
+OWNER = "SELECT pg_catalog.pg_get_userbyid(relowner) FROM pg_class WHERE oid = pg_catalog.to_regclass(%s)"
 
 
 class Found(NamedTuple):
@@ -255,13 +259,13 @@ class Found(NamedTuple):
 # table as made, enabled, running ``refuse_change`` with its body as made; the
 # schema's OID: see SCHEMA_LOCK; the log's views): one round trip for every open.
 FOUND = (
-    "SELECT obj_description(to_regclass(%(hashes)s), 'pg_class'), "
+    "SELECT pg_catalog.obj_description(pg_catalog.to_regclass(%(hashes)s), 'pg_class'), "
     f"NOT EXISTS ({UNGUARDED}), "
     "(SELECT oid::int4 FROM pg_namespace WHERE nspname = %(schema)s), "
     # a keyword (user, default) that the ledger's and the library's SQL write unquoted
-    "quote_ident(%(schema)s) <> %(schema)s, "
+    "pg_catalog.quote_ident(%(schema)s) <> %(schema)s, "
     # the log's views, or whatever else holds their names
-    "(SELECT COUNT(*) = cardinality(%(log_views)s::text[]) FROM pg_class c "
+    "(SELECT COUNT(*) = pg_catalog.cardinality(%(log_views)s::text[]) FROM pg_class c "
     "JOIN pg_namespace n ON n.oid = c.relnamespace "
     "WHERE n.nspname = %(schema)s AND c.relname = ANY(%(log_views)s::text[]))"
 )
@@ -442,13 +446,15 @@ def exposed(schema: str, creators: list[str]) -> str:
     put at risk ("" if there are none)."""
     if not creators:
         return ""
-    who = "every role (PUBLIC)" if "PUBLIC" in creators else ", ".join(creators)
+    who = ", ".join("every role (PUBLIC)" if role == "PUBLIC" else role for role in creators)
+    named = ", ".join(
+        role if role == "PUBLIC" else sql.Identifier(role).as_string(None) for role in creators)
     return (
         f"{who} may create objects in schema {schema}, which the ledger's sessions search: "
         "a function made there to match a call better than PostgreSQL's own runs as the "
         "writer that calls it, with its rights over the log; REVOKE CREATE ON SCHEMA "
-        f"{schema} FROM {'PUBLIC' if 'PUBLIC' in creators else ', '.join(creators)}, or "
-        "keep the ledger in a schema of its own (docs/postgresql.md, Security)"
+        f"{schema} FROM {named}, or keep the ledger in a schema of its own "
+        "(docs/postgresql.md, Security)"
     )
 
 
@@ -468,23 +474,23 @@ SEQUENCES_OF = (
     "JOIN pg_class s ON s.oid = d.objid AND s.relkind = 'S' "
     "JOIN pg_namespace ns ON ns.oid = s.relnamespace "
     "WHERE d.classid = 'pg_class'::regclass AND d.refclassid = 'pg_class'::regclass "
-    "AND d.refobjid = ANY(SELECT to_regclass(t) FROM pg_catalog.unnest(%s::text[]) t) ORDER BY 1, 2"
+    "AND d.refobjid = ANY(SELECT pg_catalog.to_regclass(t) FROM pg_catalog.unnest(%s::text[]) t) ORDER BY 1, 2"
 )
 # What a role may still do on the ledger's tables, sequences and schema
 # beyond reading the projections: through a role it belongs to, or PUBLIC.
 BEYOND_READING = (
-    "SELECT format('%%s on %%s', p, n) AS what FROM pg_catalog.unnest(%(ledger)s::text[]) n, "
+    "SELECT pg_catalog.format('%%s on %%s', p, n) AS what FROM pg_catalog.unnest(%(ledger)s::text[]) n, "
     "pg_catalog.unnest(array['SELECT', 'INSERT', 'UPDATE', 'REFERENCES']) p "
     "WHERE (p <> 'SELECT' OR n <> ALL(%(names)s::text[])) "  # a column's privilege too
-    "AND has_any_column_privilege(%(role)s::text, format('%%I.%%I', %(schema)s::text, n), p) "
-    "UNION ALL SELECT format('%%s on %%s', p, n) FROM pg_catalog.unnest(%(ledger)s::text[]) n, "
+    "AND pg_catalog.has_any_column_privilege(%(role)s::text, pg_catalog.format('%%I.%%I', %(schema)s::text, n), p) "
+    "UNION ALL SELECT pg_catalog.format('%%s on %%s', p, n) FROM pg_catalog.unnest(%(ledger)s::text[]) n, "
     "pg_catalog.unnest(array['DELETE', 'TRUNCATE', 'TRIGGER']) p "
-    "WHERE has_table_privilege(%(role)s::text, format('%%I.%%I', %(schema)s::text, n), p) "
-    "UNION ALL SELECT format('%%s on sequence %%s', p, q) FROM pg_catalog.unnest(%(sequences)s::text[]) q, "
+    "WHERE pg_catalog.has_table_privilege(%(role)s::text, pg_catalog.format('%%I.%%I', %(schema)s::text, n), p) "
+    "UNION ALL SELECT pg_catalog.format('%%s on sequence %%s', p, q) FROM pg_catalog.unnest(%(sequences)s::text[]) q, "
     "pg_catalog.unnest(array['USAGE', 'SELECT', 'UPDATE']) p "
-    "WHERE has_sequence_privilege(%(role)s::text, q, p) "
-    "UNION ALL SELECT format('CREATE in schema %%s', %(schema)s::text) "
-    "WHERE has_schema_privilege(%(role)s::text, %(schema)s::text, 'CREATE')"
+    "WHERE pg_catalog.has_sequence_privilege(%(role)s::text, q, p) "
+    "UNION ALL SELECT pg_catalog.format('CREATE in schema %%s', %(schema)s::text) "
+    "WHERE pg_catalog.has_schema_privilege(%(role)s::text, %(schema)s::text, 'CREATE')"
 )
 
 
@@ -494,10 +500,10 @@ def _more_than_granted(run: Callable[..., list[Any]], role: str, schema: str) ->
     is refused before anything is revoked (an owner revoking its own
     privileges would lock the ledger's writers out)."""
     found = run(
-        "SELECT r.rolsuper AS superuser, (SELECT array_agg(c.relname::text ORDER BY c.relname) "
+        "SELECT r.rolsuper AS superuser, (SELECT pg_catalog.array_agg(c.relname::text ORDER BY c.relname) "
         "FROM pg_class c JOIN pg_namespace ns ON ns.oid = c.relnamespace "
         "WHERE ns.nspname = %s AND c.relname = ANY(%s::text[]) "
-        "AND pg_has_role(r.oid, c.relowner, 'MEMBER')) AS owned "
+        "AND pg_catalog.pg_has_role(r.oid, c.relowner, 'MEMBER')) AS owned "
         "FROM pg_roles r WHERE r.rolname = %s",
         (schema, [*tables.REPORTED, *OWN_TABLES], role))
     if not found:
@@ -710,7 +716,7 @@ class PostgresStore:
                 )
             try:
                 key = (SCHEMA_LOCK, self._make_schema(connection))
-                connection.execute("SELECT pg_advisory_lock(%s, %s)", key)
+                connection.execute("SELECT pg_catalog.pg_advisory_lock(%s, %s)", key)
                 try:
                     version, _, self.schema_oid, _ = self._found(connection)
                     if version == 0 and (others := self._foreign(connection)):
@@ -721,7 +727,7 @@ class PostgresStore:
                     if version != SCHEMA_VERSION:
                         self._create_schema(connection, extra)
                 finally:
-                    connection.execute("SELECT pg_advisory_unlock(%s, %s)", key)
+                    connection.execute("SELECT pg_catalog.pg_advisory_unlock(%s, %s)", key)
             except (psycopg.Error, PersistenceError) as error:
                 if version and _denied(error):
                     self._fail(
@@ -740,7 +746,7 @@ class PostgresStore:
         names = (*OWN_TABLES, *tables.TABLES, *tables.ALL_VIEWS)
         try:
             present = dict(connection.execute(  # each with its columns
-                "SELECT c.relname, (SELECT array_agg(a.attname::text ORDER BY a.attnum) "
+                "SELECT c.relname, (SELECT pg_catalog.array_agg(a.attname::text ORDER BY a.attnum) "
                 "FROM pg_attribute a WHERE a.attrelid = c.oid AND a.attnum > 0 "
                 "AND NOT a.attisdropped) FROM pg_class c "
                 "JOIN pg_namespace n ON n.oid = c.relnamespace "
@@ -778,7 +784,7 @@ class PostgresStore:
         try:
             with connection.transaction():
                 connection.execute(
-                    "SELECT pg_advisory_xact_lock(%s, %s)", (SCHEMA_LOCK, self.schema_oid))
+                    "SELECT pg_catalog.pg_advisory_xact_lock(%s, %s)", (SCHEMA_LOCK, self.schema_oid))
                 found = self._found(connection)
                 if not found.guarded:
                     for statement in GUARDS:
@@ -1062,7 +1068,7 @@ class PostgresStore:
 
     def known_end(self, cursor: Any) -> tuple[int, int]:
         cursor.execute("SELECT (SELECT MAX(position) FROM event_hashes), "
-                       f"has_table_privilege('{TRACKING}', 'SELECT')")
+                       f"pg_catalog.has_table_privilege('{TRACKING}', 'SELECT')")
         chained, readable = cursor.fetchone()
         return chained or 0, self.tracked(cursor) if readable else 0
 
@@ -1127,7 +1133,7 @@ class PostgresStore:
         self, cursor: Any, needle: str, after: int, upto: int, limit: int
     ) -> list[tuple[int, int]]:
         cursor.execute(
-            "SELECT originator_version, octet_length(state) FROM stored_events "
+            "SELECT originator_version, pg_catalog.octet_length(state) FROM stored_events "
             "WHERE originator_id = %s AND originator_version > %s AND originator_version <= %s "
             "AND position(%s::bytea IN state) > 0 ORDER BY originator_version LIMIT %s",
             (self.stream, max(after, 0), upto, needle.encode(), limit),  # (before 1: not the log's)
@@ -1199,7 +1205,7 @@ class PostgresStore:
         that ends, and the lock with it. The same session tells which others
         no session holds (no third connection)."""
         with self.connect(role="replay") as connection:
-            connection.execute("SELECT pg_advisory_lock(%s, hashtext(%s))", (SCRATCH_LOCK, prefix))
+            connection.execute("SELECT pg_catalog.pg_advisory_lock(%s, pg_catalog.hashtext(%s))", (SCRATCH_LOCK, prefix))
             yield partial(_abandoned, connection)
 
     def keeping_grants(self, cursor: Any) -> Any:
@@ -1217,7 +1223,7 @@ class PostgresStore:
             cursor.execute(OWNER, (f"{self.schema}.stored_events",))
             found = cursor.fetchone()
             owner = f" ({found[0]})" if found and found[0] else ""
-        cursor.execute(CREATORS, (self.schema,))
+        cursor.execute(CREATORS, {"schema": self.schema, "log": f"{self.schema}.stored_events"})
         return Guards(lacking, f"open the store as the role that owns its tables{owner}: any "
                                "alloc-ledger command run as it makes them again",
                       exposed(self.schema, [row[0] for row in cursor.fetchall()]))
@@ -1238,7 +1244,7 @@ class PostgresStore:
                                       "nothing was changed: grant to a role of its own")
                 ledger = [row["n"] for row in run(  # as far as they exist
                     "SELECT n FROM pg_catalog.unnest(%s::text[]) n "
-                    "WHERE to_regclass(format('%%I.%%I', %s::text, n)) IS NOT NULL",
+                    "WHERE pg_catalog.to_regclass(pg_catalog.format('%%I.%%I', %s::text, n)) IS NOT NULL",
                     ([*names, *OWN_TABLES], self.schema))]
                 sequences = [(row["nsp"], row["rel"]) for row in run(SEQUENCES_OF, (
                     [f'"{self.schema}"."{n}"' for n in ledger],))]
@@ -1262,8 +1268,8 @@ class PostgresStore:
                 # A GRANT by a role that may not grant only warns: check what took.
                 missing = [row["n"] for row in run(
                     "SELECT n FROM pg_catalog.unnest(%s::text[]) n "
-                    "WHERE NOT has_table_privilege(%s::text, format('%%I.%%I', %s::text, n), "
-                    "'SELECT') OR NOT has_schema_privilege(%s::text, %s::text, 'USAGE')",
+                    "WHERE NOT pg_catalog.has_table_privilege(%s::text, pg_catalog.format('%%I.%%I', %s::text, n), "
+                    "'SELECT') OR NOT pg_catalog.has_schema_privilege(%s::text, %s::text, 'USAGE')",
                     (names, role, self.schema, role, self.schema))]
                 if missing:
                     raise GrantRefused(_may_not_grant(role, missing))
@@ -1297,8 +1303,8 @@ def _abandoned(connection: psycopg.Connection[Any], prefixes: list[str]) -> list
     free = []
     for prefix in prefixes:
         key = (SCRATCH_LOCK, prefix)
-        row = connection.execute("SELECT pg_try_advisory_lock(%s, hashtext(%s))", key).fetchone()
+        row = connection.execute("SELECT pg_catalog.pg_try_advisory_lock(%s, pg_catalog.hashtext(%s))", key).fetchone()
         if row is not None and row[0]:
             free.append(prefix)
-            connection.execute("SELECT pg_advisory_unlock(%s, hashtext(%s))", key)
+            connection.execute("SELECT pg_catalog.pg_advisory_unlock(%s, pg_catalog.hashtext(%s))", key)
     return free

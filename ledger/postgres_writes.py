@@ -56,7 +56,7 @@ def rows_of(types: Sequence[str]) -> str:
     """A FROM item of the rows in the statement's JSON parameter (``as_json``),
     one column per type: ``(SELECT (r->>0)::text, ... FROM jsonb_array_elements(%s))``."""
     picked = ", ".join(f"(r->>{i})::{kind}" for i, kind in enumerate(types))
-    return f"(SELECT {picked} FROM jsonb_array_elements(%s::jsonb) r)"
+    return f"(SELECT {picked} FROM pg_catalog.jsonb_array_elements(%s::jsonb) r)"
 
 
 def as_json(rows: Rows) -> str:
@@ -148,7 +148,7 @@ def write_kept(
     changed = [(name, rows) for name, rows in changed if name not in LOGS]
     first = [recorder.insert_rows, INSERT_HASHES, INSERT_IDS]
     cursor.execute(
-        statements_for(prefix).together([name for name, _ in changed], first, "pg_notify(%s, '')"),
+        statements_for(prefix).together([name for name, _ in changed], first, "pg_catalog.pg_notify(%s, '')"),
         [
             stream,
             as_json([(e.originator_version, e.topic, e.state.decode()) for e in events]),
@@ -171,7 +171,7 @@ class LogRecorder(PostgresProcessRecorder):
         super().__init__(*args, **kwargs)
         statement = sql.SQL(
             "INSERT INTO {schema}.{table} (originator_id, originator_version, topic, state) "
-            "SELECT %s::{id_type}, version, topic, convert_to(state, 'UTF8') FROM "
+            "SELECT %s::{id_type}, version, topic, pg_catalog.convert_to(state, 'UTF8') FROM "
         ).format(
             schema=sql.Identifier(self.datastore.schema),
             table=sql.Identifier(self.events_table_name),

@@ -357,7 +357,8 @@ def definition(cursor: Any, dialect: str, prefix: str, view: str) -> str | None:
         cursor.execute("SELECT sql FROM sqlite_master WHERE type = 'view' AND name = ?",
                        (prefix + view,))
     else:  # as the server prints it back: the same for the same statement
-        cursor.execute("SELECT pg_get_viewdef(to_regclass(%s))", (prefix + view,))
+        cursor.execute("SELECT pg_catalog.pg_get_viewdef(pg_catalog.to_regclass(%s))",
+                       (prefix + view,))
     row = cursor.fetchone()
     if row is None or row[0] is None:
         return None

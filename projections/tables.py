@@ -28,7 +28,9 @@ TERMINAL = sql_set(model.TERMINAL)
 # the millisecond in SQLite, for the views' ``expired``.
 NOW_TEXT = {
     "sqlite": "(strftime('%Y-%m-%dT%H:%M:%f', 'now') || '000Z')",
-    "postgresql": """to_char(now() AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"')""",
+    "postgresql": (
+        """pg_catalog.to_char(pg_catalog.now() AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"')"""
+    ),
 }
 
 
@@ -149,7 +151,7 @@ REPORTED = (*TABLES, *ALL_VIEWS)  # what a reporting tool reads
 # The JSON of a kept event (``ledger.records``), as each database reads it.
 _KEPT = {
     "sqlite": "CAST(e.state AS TEXT)",
-    "postgresql": "convert_from(e.state, 'UTF8')::json",
+    "postgresql": "pg_catalog.convert_from(e.state, 'UTF8')::json",
 }
 _FIELD = {
     "sqlite": lambda kept, *path: f"json_extract({kept}, '$.{'.'.join(path)}')",
@@ -197,13 +199,13 @@ def name_taken_check(dialect: str, name: str) -> str:
     if dialect == "sqlite":
         return f"SELECT 1 FROM sqlite_master WHERE name='{name}'"
     return ("SELECT 1 FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace "
-            f"WHERE n.nspname = current_schema() AND c.relname = '{name}'")
+            f"WHERE n.nspname = pg_catalog.current_schema() AND c.relname = '{name}'")
 
 
 def view_exists_check(dialect: str, name: str) -> str:
     if dialect == "sqlite":
         return f"SELECT 1 FROM sqlite_master WHERE type='view' AND name='{name}'"
-    return f"SELECT 1 FROM information_schema.views WHERE table_name='{name}' AND table_schema=current_schema()"
+    return f"SELECT 1 FROM information_schema.views WHERE table_name='{name}' AND table_schema=pg_catalog.current_schema()"
 
 
 def create(
@@ -271,7 +273,7 @@ def _columns_kept(cursor: Any, view: str, statement: str) -> bool:
     """Whether a PostgreSQL view that is there (or none) has the columns
     ``statement`` begins with, in order: ``CREATE OR REPLACE`` may add
     columns after them, never rename or drop one."""
-    cursor.execute("SELECT to_regclass(%s) IS NULL", (view,))
+    cursor.execute("SELECT pg_catalog.to_regclass(%s) IS NULL", (view,))
     if cursor.fetchone()[0]:
         return True
     held = columns_of(cursor, view)
@@ -311,7 +313,7 @@ def remake(cursor: Any, dialect: str, prefix: str, names: tuple[str, ...]) -> No
             if column not in present:
                 cursor.execute(f"ALTER TABLE {table} ADD COLUMN {column} {definition}")
         cursor.execute("SELECT 1 FROM pg_constraint WHERE contype = 'p' AND "
-                       "conrelid = to_regclass(%s)", (table,))
+                       "conrelid = pg_catalog.to_regclass(%s)", (table,))
         if key and cursor.fetchone() is None:
             cursor.execute(f"ALTER TABLE {table} ADD {key}")
     create(cursor, dialect, prefix)
@@ -329,7 +331,7 @@ def index_names(cursor: Any, dialect: str, table: str) -> set[str]:
         cursor.execute("SELECT name FROM sqlite_master WHERE type = 'index' AND tbl_name = ?",
                        (table,))
     else:
-        cursor.execute("SELECT indexname FROM pg_indexes WHERE schemaname = current_schema() "
+        cursor.execute("SELECT indexname FROM pg_indexes WHERE schemaname = pg_catalog.current_schema() "
                        "AND tablename = %s", (table,))
     return {row[0] for row in cursor.fetchall()}
 
@@ -337,7 +339,7 @@ def index_names(cursor: Any, dialect: str, table: str) -> set[str]:
 def column_types(cursor: Any, table: str) -> dict[str, str]:
     """A PostgreSQL table's columns and their types, as the server names them."""
     cursor.execute("SELECT column_name, data_type FROM information_schema.columns "
-                   "WHERE table_schema = current_schema() AND table_name = %s", (table,))
+                   "WHERE table_schema = pg_catalog.current_schema() AND table_name = %s", (table,))
     return {row[0]: row[1] for row in cursor.fetchall()}
 
 
@@ -369,7 +371,7 @@ def add_column(cursor: Any, dialect: str, table: str, column: str, kind: str) ->
         cursor.execute(f"SELECT 1 FROM pragma_table_info('{table}') WHERE name = '{column}'")
     else:
         cursor.execute(
-            "SELECT 1 FROM information_schema.columns WHERE table_schema = current_schema() "
+            "SELECT 1 FROM information_schema.columns WHERE table_schema = pg_catalog.current_schema() "
             f"AND table_name = '{table}' AND column_name = '{column}'")
     if cursor.fetchone() is None:
         cursor.execute(f"ALTER TABLE {table} ADD COLUMN {column} {kind}")
@@ -388,7 +390,7 @@ def create_indexes(cursor: object, prefix: str = "") -> None:
 _NAMED_LIKE = {
     "sqlite": "SELECT name FROM sqlite_master WHERE name LIKE ? ESCAPE '!'",
     "postgresql": "SELECT relname FROM pg_class WHERE relnamespace = "
-                  "current_schema()::regnamespace AND relname LIKE %s ESCAPE '!'",
+                  "pg_catalog.current_schema()::regnamespace AND relname LIKE %s ESCAPE '!'",
 }
 
 

@@ -9,8 +9,11 @@ to make such a role a reporting one."""
 
 from __future__ import annotations
 
+import ast
 import json
+import re
 import uuid
+from pathlib import Path
 from urllib.parse import urlsplit
 
 import psycopg
@@ -65,14 +68,33 @@ def test_verify_warns_while_roles_besides_the_owner_may_create_in_the_schema(
     assert warned.returncode == 0, warned.stderr
     assert json.loads(warned.stdout)["ok"] is True
     named = "every role (PUBLIC)" if grantee == "PUBLIC" else other_role
+    revoked = "PUBLIC" if grantee == "PUBLIC" else f'"{other_role}"'  # as SQL names it
     assert warned.stderr == (
         f"warning: {named} may create objects in schema {pg_schema}, which the ledger's "
         "sessions search: a function made there to match a call better than PostgreSQL's own "
         "runs as the writer that calls it, with its rights over the log; REVOKE CREATE ON "
-        f"SCHEMA {pg_schema} FROM {who}, or keep the ledger in a schema of its own "
+        f"SCHEMA {pg_schema} FROM {revoked}, or keep the ledger in a schema of its own "
         "(docs/postgresql.md, Security)\n"), warned
     pg_admin(f"REVOKE CREATE ON SCHEMA {pg_schema} FROM {who}")
     assert alloc_ledger("verify", url=pg_url).stderr == ""
+
+
+def test_verify_does_not_warn_of_the_role_that_owns_the_ledgers_tables(
+    pg_dsn, pg_schema, pg_admin, login_role, alloc_ledger
+):
+    """A DBA made the schema and let the ledger's role create in it, which
+    then made the ledger: that role is the writer itself (helper-306), and
+    revoking its CREATE, as the warning said, would only stop its replays."""
+    pg_admin(f"CREATE SCHEMA {pg_schema}")
+    pg_admin(f"GRANT USAGE, CREATE ON SCHEMA {pg_schema} TO {login_role}")
+    parts = urlsplit(pg_dsn)
+    url = (f"postgresql://{login_role}@{parts.hostname}:{parts.port or 5432}{parts.path}"
+           f"?schema={pg_schema}")
+    assert alloc_ledger("submit", "node-registered", "--node", "n1", url=url).returncode == 0
+    verified = alloc_ledger("verify", url=url)
+    assert (verified.returncode, verified.stderr) == (0, ""), verified
+    replayed = alloc_ledger("replay", url=url)
+    assert replayed.returncode == 0, replayed.stderr
 
 
 def test_grant_reporting_refuses_a_role_that_may_create_in_the_ledgers_schema_through_public(
@@ -131,14 +153,21 @@ HAND = ("INSERT INTO {schema}.handoff (batch, events, inline, pid, started) "
         "SELECT %s, %s, false, pid, backend_start FROM pg_stat_get_activity(pg_backend_pid())")
 
 
-@pytest.mark.parametrize("batch", [
-    b'[{"type": "heartbeat", "node": "n1", "slots": "not a list"}]',
-    b'[{"type": "node-registered", "node": "n9", "slots": 5000}]',
-    b'{"type": "heartbeat", "node": "n1"}',
-    b"[7]",
-], ids=["slot report not a list", "more slots than a node has", "not a list", "not an event"])
+WRITERS_KEY = "0123456789abcdef" * 2  # as a writer's: 32 hex digits
+
+
+@pytest.mark.parametrize("key, batch", [
+    (WRITERS_KEY, b'[{"type": "heartbeat", "node": "n1", "slots": "not a list"}]'),
+    (WRITERS_KEY, b'[{"type": "node-registered", "node": "n9", "slots": 5000}]'),
+    (WRITERS_KEY, b'{"type": "heartbeat", "node": "n1"}'),
+    (WRITERS_KEY, b"[7]"),
+    (WRITERS_KEY, b"not json"),  # helper-306: the leader died on it
+    (WRITERS_KEY, b'[{"type": "heartbeat", "node": "a\\u0000b"}]'),  # was exit 3, "0x00"
+    ("k" * 9000, b'[{"type": "heartbeat", "node": "n1"}]'),  # was "payload string too long"
+], ids=["slot report not a list", "more slots than a node has", "not a list", "not an event",
+        "not json", "a NUL", "a key no writer makes"])
 def test_a_batch_no_writer_made_handed_over_does_not_stop_every_writer(
-    pg_url, pg_schema, pg_dsn, pg_admin, alloc_ledger, batch
+    pg_url, pg_schema, pg_dsn, pg_admin, alloc_ledger, key, batch
 ):
     """A session that may write ``handoff`` put a batch there by hand (or a
     writer of another release did): every round failed on it, and every
@@ -148,7 +177,7 @@ def test_a_batch_no_writer_made_handed_over_does_not_stop_every_writer(
     with Ledger.open(pg_url) as ledger:
         ledger.submit({"type": "node-registered", "node": "n1", "slots": 1})
     with psycopg.connect(pg_dsn, autocommit=True) as session:  # alive while a leader takes it
-        session.execute(HAND.format(schema=pg_schema), ("k" * 32, batch))
+        session.execute(HAND.format(schema=pg_schema), (key, batch))
         result = alloc_ledger("submit", "heartbeat", "--node", "n1", url=pg_url, timeout=60)
         assert (result.returncode, result.stderr) == (0, ""), result
         assert json.loads(result.stdout)["status"] == "appended"
@@ -175,3 +204,35 @@ def test_a_round_that_fails_on_well_made_batches_still_surfaces_the_failure(
         ledger.submit({"type": "node-registered", "node": "n1", "slots": 1})
         with pytest.raises(TypeError, match="a bug in the heartbeat rule"):
             ledger.submit({"type": "heartbeat", "node": "n1"})
+
+
+def test_every_function_the_ledgers_own_sql_calls_names_pg_catalog(pg_admin):
+    """A function of PostgreSQL's called without ``pg_catalog.`` may be taken
+    over by one of a better match in the ledger's schema (helper-306 found
+    cardinality, pg_stat_get_activity, obj_description, format and
+    pg_terminate_backend after unnest was mended): every call in the SQL of
+    the PostgreSQL modules, and of the projection tables' PostgreSQL-only
+    SQL, names it. (Docstrings and comments are prose, not SQL.)"""
+    builtins = {row[0] for row in pg_admin(
+        "SELECT DISTINCT proname::text FROM pg_proc "
+        "WHERE pronamespace = 'pg_catalog'::regnamespace")}
+    syntax = {"coalesce", "nullif", "greatest", "least", "exists", "any", "all", "in",
+              "values", "row", "array", "cast", "extract", "position", "substring", "trim"}
+    root = Path(__file__).resolve().parents[2]
+    unnamed = []
+    for path in sorted((root / "ledger").glob("postgres_*.py")):
+        tree = ast.parse(path.read_text())
+        prose = {id(node.body[0].value) for node in ast.walk(tree)
+                 if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef))
+                 and node.body and isinstance(node.body[0], ast.Expr)}
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Constant) and isinstance(node.value, str) \
+                    and id(node) not in prose:
+                for call in re.finditer(r"(?<![\w.])([a-z_][a-z0-9_]*)\s*\(", node.value):
+                    if call[1] in builtins and call[1] not in syntax:
+                        unnamed.append(f"{path.name}:{node.lineno}: {call[1]}(")
+    from projections import tables
+    for postgresql in (tables.NOW_TEXT["postgresql"], tables._KEPT["postgresql"]):
+        unnamed += [f"tables.py: {call[1]}(" for call in re.finditer(
+            r"(?<![\w.])([a-z_][a-z0-9_]*)\s*\(", postgresql) if call[1] in builtins]
+    assert unnamed == []
