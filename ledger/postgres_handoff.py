@@ -306,6 +306,7 @@ def _wait(committing: Future[None] | None) -> None:
 
 BAD_KEY = "a key no writer makes"
 KEY = re.compile(r"[0-9a-f]{32}")  # a writer's: uuid4().hex
+NUL = re.compile(rb"(?<!\\)(?:\\\\)*\\u0000")  # JSON's escape of NUL: \u0000 after no backslash
 AT = re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{6}Z")  # ledger.model.timestamp's form
 
 
@@ -315,7 +316,7 @@ def not_handed_by_a_writer(key: str, raw: bytes) -> str | None:
     refuses it, and PostgreSQL's text cannot hold it)."""
     if not KEY.fullmatch(key):
         return BAD_KEY
-    if b"\\u0000" in raw:
+    if b"\\u0000" in raw and NUL.search(raw):  # not a text's backslash before "u0000"
         return "a text holds NUL"
     return None
 

@@ -236,3 +236,13 @@ def test_every_function_the_ledgers_own_sql_calls_names_pg_catalog(pg_admin):
         unnamed += [f"tables.py: {call[1]}(" for call in re.finditer(
             r"(?<![\w.])([a-z_][a-z0-9_]*)\s*\(", postgresql) if call[1] in builtins]
     assert unnamed == []
+
+
+def test_a_writers_text_with_a_backslash_before_u0000_is_not_taken_for_a_nul(pg_url):
+    """The leader looks for JSON's escape of NUL in each batch's bytes: a
+    text's own backslash before "u0000" is written \\\\u0000 and is no NUL."""
+    with Ledger.open(pg_url) as ledger:
+        ledger.submit({"type": "node-registered", "node": "n1"})
+        for source in ("C:\\u0000", "\\\\u0000", "x\\\\\\u0000y"):
+            receipt = ledger.submit({"type": "heartbeat", "node": "n1", "source": source})
+            assert receipt.status == "appended", (source, receipt)
