@@ -68,9 +68,9 @@ import psycopg
 from psycopg import sql
 
 from ledger.batches import BATCH_BYTES
-from ledger.errors import StoreUnavailable
+from ledger.errors import InvalidEvent, StoreUnavailable
+from ledger.events import received
 from ledger.model import Event, Receipt
-from ledger.readable import beyond_limits, event_problem
 from ledger.store import Decider
 
 if TYPE_CHECKING:
@@ -124,6 +124,9 @@ TAKE = (
 # the writers, each batch up to ``BATCH_BYTES`` of input.
 ROUND_BYTES = BATCH_BYTES
 ANY_HANDED = "SELECT EXISTS (SELECT 1 FROM handoff)"
+# What the server answers a value it cannot take (a text where a number goes,
+# a key too long for its index): a batch no writer makes, to look for.
+BATCH_ERRORS = (psycopg.errors.DataError, psycopg.errors.ProgramLimitExceeded)
 # Receipts go to each writer's own channel, in the notification itself when
 # they fit (a notification carries at most 8000 bytes), else in ``outcomes``.
 GIVE = (
@@ -307,7 +310,15 @@ def _wait(committing: Future[None] | None) -> None:
 BAD_KEY = "a key no writer makes"
 KEY = re.compile(r"[0-9a-f]{32}")  # a writer's: uuid4().hex
 NUL = re.compile(rb"(?<!\\)(?:\\\\)*\\u0000")  # JSON's escape of NUL: \u0000 after no backslash
-AT = re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{6}Z")  # ledger.model.timestamp's form
+
+
+def refused_a_value(error: BaseException) -> bool:
+    """Whether the server refused a value it was given (``BATCH_ERRORS``),
+    through the errors that carry it."""
+    cause: BaseException | None = error
+    while cause is not None and not isinstance(cause, BATCH_ERRORS):
+        cause = cause.__cause__
+    return cause is not None
 
 
 def not_handed_by_a_writer(key: str, raw: bytes) -> str | None:
@@ -323,19 +334,21 @@ def not_handed_by_a_writer(key: str, raw: bytes) -> str | None:
 
 def malformed(batch: Any) -> str | None:
     """What makes a batch handed over one a writer does not make (a list of
-    events as ``ledger.events.received`` returns them), shape and limits;
-    None if nothing."""
+    events as ``ledger.events.received`` returns them, which it takes back
+    as they are); None if nothing. Asked only after a round failed (it
+    validates every event again)."""
     if not isinstance(batch, list) or not batch:
         return "not a list of events"
     for event in batch:
         if not isinstance(event, dict):
             return "an event is not an object"
-        # ``at`` is stamped by the leader when the writer's event had none
-        problem = event_problem({"at": "", **event}) or beyond_limits(event)
-        if problem is not None:
-            return problem
-        if "at" in event and not (isinstance(event["at"], str) and AT.fullmatch(event["at"])):
-            return "field 'at' is not a time in the ledger's form"
+        try:  # compared as JSON: true is not 1
+            if orjson.dumps(received(event), option=orjson.OPT_SORT_KEYS) != orjson.dumps(
+                event, option=orjson.OPT_SORT_KEYS
+            ):
+                return "an event is not as a writer hands it over"
+        except InvalidEvent as invalid:
+            return str(invalid)
     return None
 
 
@@ -571,12 +584,15 @@ class Handoff:
                     except StoreUnavailable as error:
                         if isinstance(error.__cause__, psycopg.errors.LockNotAvailable):
                             end_stalled(connection, self.lease)  # it waited a lease for the log
-                        raise
+                        if self.doubting or not refused_a_value(error):
+                            raise
+                        self._doubt(committing)  # a value no writer sends?
+                        committing = None
+                        continue
                     except (TypeError, ValueError, LookupError, AttributeError):
                         if self.doubting:
                             raise  # every batch looked well made: the failure is this code's
-                        self.doubting = True  # a batch not made by a writer? (rolled back)
-                        _wait(committing)
+                        self._doubt(committing)  # a batch no writer made?
                         committing = None
                         continue
                     self.doubting = False  # until a round fails so again
@@ -637,6 +653,16 @@ class Handoff:
             transaction.__exit__(*sys.exc_info())  # rolls back: the batches go back
             raise
         return transaction
+
+    def _doubt(self, committing: Future[None] | None) -> None:
+        """After a round failed in a way a batch no writer made would fail it
+        (rolled back, its batches back in ``handoff``): look at each batch of
+        the next rounds (``_refuse_malformed``), once the round before it
+        has ended (its failure, if it is the one that failed, is that one)."""
+        self.doubting = True
+        if committing is not None:
+            with suppress(Exception):
+                committing.result()
 
     def _refuse_malformed(
         self, cursor: Any, handed: list[tuple[str, bytes, int]]

@@ -144,9 +144,10 @@ def _state_as_bytes(cursor: Any, store: Store) -> None:
     if store.dialect == "sqlite":
         return
     cursor.execute(
-        "SELECT data_type FROM information_schema.columns WHERE table_schema = current_schema() "
+        "SELECT data_type FROM information_schema.columns "
+        "WHERE table_schema = pg_catalog.current_schema() "
         "AND table_name = 'checkpoints' AND column_name = 'state'")
     row = cursor.fetchone()
     if row is not None and row[0] != "bytea":
         cursor.execute("ALTER TABLE checkpoints ALTER COLUMN state TYPE BYTEA "
-                       "USING convert_to(state::text, 'UTF8')")
+                       "USING pg_catalog.convert_to(state::text, 'UTF8')")

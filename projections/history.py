@@ -173,9 +173,10 @@ def missing_positions(store: Store, cursor: Any, end: int) -> list[tuple[int, in
     """The positions 1 to ``end`` the log lacks, as (first, last) ranges:
     read only once a count says some are (positions are gapless)."""
     p = store.param
+    builtin = "pg_catalog." if store.dialect == "postgresql" else ""  # not another schema's lag
     cursor.execute(
         "SELECT previous + 1, originator_version - 1 FROM (SELECT originator_version, "
-        "LAG(originator_version, 1, 0) OVER (ORDER BY originator_version) AS previous "
+        f"{builtin}lag(originator_version, 1, 0) OVER (ORDER BY originator_version) AS previous "
         f"FROM stored_events WHERE originator_id = {p} AND originator_version BETWEEN 1 AND {p}"
         ") kept WHERE originator_version > previous + 1 ORDER BY originator_version",
         (store.stream, end),

@@ -10,8 +10,10 @@ to make such a role a reporting one."""
 from __future__ import annotations
 
 import ast
+import hashlib
 import json
 import re
+import tokenize
 import uuid
 from pathlib import Path
 from urllib.parse import urlsplit
@@ -154,6 +156,9 @@ HAND = ("INSERT INTO {schema}.handoff (batch, events, inline, pid, started) "
 
 
 WRITERS_KEY = "0123456789abcdef" * 2  # as a writer's: 32 hex digits
+# A node's name past the vocabulary's 128 characters, and past what a btree
+# index entry holds (incompressible): no writer hands it over (helper-307).
+LONG_NAME = "".join(hashlib.sha256(str(i).encode()).hexdigest() for i in range(125))
 
 
 @pytest.mark.parametrize("key, batch", [
@@ -164,8 +169,11 @@ WRITERS_KEY = "0123456789abcdef" * 2  # as a writer's: 32 hex digits
     (WRITERS_KEY, b"not json"),  # helper-306: the leader died on it
     (WRITERS_KEY, b'[{"type": "heartbeat", "node": "a\\u0000b"}]'),  # was exit 3, "0x00"
     ("k" * 9000, b'[{"type": "heartbeat", "node": "n1"}]'),  # was "payload string too long"
+    # refused by the server, not by Python (helper-307): were exit 3 for every writer
+    (WRITERS_KEY, b'[{"type": "node-registered", "node": "n3", "slots": true}]'),
+    (WRITERS_KEY, f'[{{"type": "node-registered", "node": "{LONG_NAME}", "slots": 1}}]'.encode()),
 ], ids=["slot report not a list", "more slots than a node has", "not a list", "not an event",
-        "not json", "a NUL", "a key no writer makes"])
+        "not json", "a NUL", "a key no writer makes", "slots true", "a name too long"])
 def test_a_batch_no_writer_made_handed_over_does_not_stop_every_writer(
     pg_url, pg_schema, pg_dsn, pg_admin, alloc_ledger, key, batch
 ):
@@ -246,3 +254,30 @@ def test_a_writers_text_with_a_backslash_before_u0000_is_not_taken_for_a_nul(pg_
         for source in ("C:\\u0000", "\\\\u0000", "x\\\\\\u0000y"):
             receipt = ledger.submit({"type": "heartbeat", "node": "n1", "source": source})
             assert receipt.status == "appended", (source, receipt)
+
+
+@pytest.mark.parametrize("module", ["projections/history.py", "projections/checkpoints.py"])
+def test_the_shared_sql_postgresql_runs_names_pg_catalog_too(pg_admin, module):
+    """The scan above reads ledger/postgres_*.py: history's missing positions
+    called ``LAG(originator_version, 1, 0)`` and the checkpoints' upgrade
+    ``convert_to(state::text, 'UTF8')`` unqualified, which an aggregate
+    ``lag(bigint, int, int)`` or a ``convert_to(text, text)`` in the ledger's
+    schema matches better (helper-307). SQL both databases run names the
+    schema where it runs on PostgreSQL (``{builtin}lag(``); ``COUNT(*)``
+    and ``MAX`` of a column have no better match. Read as the source's
+    string tokens (an f-string whole), docstrings (triple-quoted) aside."""
+    builtins = {row[0] for row in pg_admin(
+        "SELECT DISTINCT proname::text FROM pg_proc "
+        "WHERE pronamespace = 'pg_catalog'::regnamespace")}
+    syntax = {"coalesce", "nullif", "greatest", "least", "exists", "any", "all", "in",
+              "values", "row", "array", "cast", "extract", "position", "substring", "trim",
+              "count", "max", "min"}
+    path = Path(__file__).resolve().parents[2] / module
+    with path.open() as source:
+        strings = [token for token in tokenize.generate_tokens(source.readline)
+                   if token.type == tokenize.STRING and '"""' not in token.string]
+    unnamed = [f"{module}:{token.start[0]}: {call[1]}("
+               for token in strings
+               for call in re.finditer(r"(?<![\w.}])([A-Za-z_][A-Za-z0-9_]*)\s*\(", token.string)
+               if call[1].lower() in builtins and call[1].lower() not in syntax]
+    assert unnamed == []
