@@ -228,9 +228,10 @@ def cli(ctx: click.Context, store: str) -> None:
 
     Example: alloc-ledger submit heartbeat --node n1
     """
+    # Not given (click reads an empty variable as none): ``store_url`` reads
+    # the variable itself, and refuses it empty rather than take the default.
     unset = ctx.get_parameter_source("store") is ParameterSource.DEFAULT
-    # click reads an empty variable as no variable: "$UNSET" must not mean the default
-    ctx.obj = {"store": None if unset and os.environ.get(STORE_VARIABLE) == "" else store}
+    ctx.obj = {"store": None if unset else store}
 
 
 def store_of(ctx: click.Context) -> str:
