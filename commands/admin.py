@@ -53,8 +53,8 @@ def project(
     where it stopped and never applies an event twice. With --follow, keep
     going: on PostgreSQL each append wakes the follower (LISTEN/NOTIFY); one
     JSON progress line is printed per transaction (none with --quiet), and
-    Ctrl-C, SIGTERM or SIGHUP stops it cleanly. Several followers may run at once: each transaction locks the
-    tracking row, so no event is applied twice. A follower that loses the
+    Ctrl-C, SIGTERM or SIGHUP stops it cleanly. Several followers may run at
+    once: each transaction locks the tracking row, so no event is applied twice. A follower that loses the
     store (a server restart) warns on stderr and reconnects, unless
     --no-reconnect; a store that cannot be opened at the start is exit 3.
 

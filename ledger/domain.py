@@ -377,7 +377,9 @@ class Cluster:
         if status == "disconnected" or status == "initializing":
             waiting = self.awaits_reconnect(node)
             self._set_status(node, "initializing" if waiting else "ready", fact)
-        elif status == "down" and (fact.rules < PARENT_HOLDS_NODE or self.down_ancestor(node) is None):
+        elif status == "down" and (
+            fact.rules < PARENT_HOLDS_NODE or self.down_ancestor(node) is None
+        ):
             self._set_status(node, "ready", fact)  # not while what it runs on is gone
         node.last_heartbeat_at = fact.at
         node.last_heartbeat_position = position = fact.position
@@ -543,8 +545,8 @@ class Cluster:
             node.lost_allocs = []
             if node.health == "ok":
                 node.reason = None
-            elif fact.rules >= HEALTH_REASON and node.health_reason is not None:  # back, still suspect
-                node.reason = node.health_reason
+            elif fact.rules >= HEALTH_REASON and node.health_reason is not None:
+                node.reason = node.health_reason  # back, still suspect
         self._changed_node(node)
 
     def _set_suspect(self, node: Node, reason: str, fact: Fact) -> None:

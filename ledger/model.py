@@ -31,17 +31,18 @@ DESIRED_ORDER = {"run": 0, "stop": 1, "remove": 2}
 # (``health_reason``, kept from rules 3 on); a node's ``lost_allocs`` are
 # all it lost since it was last ready, at a disconnect too, not only when
 # it went down.
+RULES = 3
 # What each version changed, named, from the version on which it holds
 # (``fact.rules >= HEALTH_REASON``): the next version's changes join these.
 PARENT_HOLDS_NODE = 2  # a heartbeat does not bring a node back while its parent chain is down
 RECONNECT_FORGETS_UNKNOWN = 2  # an allocation that stops waiting is unknown_since nothing
 HEALTH_REASON = 3  # reason: why down while down, why suspect otherwise (kept in health_reason)
 LOSSES_AT_DISCONNECT = 3  # lost_allocs: all lost since last ready, at a disconnect too
+
 MAX_SLOTS = 1024  # the most slots a node may have: submit takes no more, a replay applies no more
 # The most addresses a placement may list: each is held (a row, an entity)
 # while it is decided, so a line of 1 MiB stays a few MB in memory.
 MAX_ADDRESSES = 1024
-RULES = 3
 
 # A deadline past the year 9999, as the one text form writes it: it never
 # expires (no --now reaches past it).

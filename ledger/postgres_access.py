@@ -60,11 +60,13 @@ class Relation(NamedTuple):
 RELATIONS = (
     "SELECT c.relname, c.oid::int8, c.relkind::text, pg_catalog.pg_get_userbyid(c.relowner), "
     "CASE WHEN c.relkind = 'v' THEN pg_catalog.pg_get_viewdef(c.oid) END, "
-    "(SELECT COALESCE(pg_catalog.json_agg(pg_catalog.json_build_array(CASE WHEN a.grantee = 0 THEN 'PUBLIC' "
+    "(SELECT COALESCE(pg_catalog.json_agg(pg_catalog.json_build_array(CASE WHEN a.grantee = 0 "
+    "THEN 'PUBLIC' "
     "ELSE pg_catalog.pg_get_userbyid(a.grantee) END, a.privilege_type, a.is_grantable)), '[]') "
     "FROM pg_catalog.aclexplode(COALESCE(c.relacl, pg_catalog.acldefault('r', c.relowner))) a "
     "WHERE a.grantee <> c.relowner) "
-    "FROM pg_class c WHERE c.relnamespace = pg_catalog.to_regnamespace(pg_catalog.current_schema()) "
+    "FROM pg_class c WHERE c.relnamespace = "
+    "pg_catalog.to_regnamespace(pg_catalog.current_schema()) "
     "AND c.relname = ANY(%s::text[])"
 )
 

@@ -94,7 +94,8 @@ TABLES = [  # created with the schema (PostgresStore)
 # start is not visible counts as its writer's.
 HAND = (
     "WITH handed AS (INSERT INTO handoff (batch, events, inline, pid, started) "
-    "SELECT %s, %s, %s, pid, backend_start FROM pg_catalog.pg_stat_get_activity(pg_catalog.pg_backend_pid()) "
+    "SELECT %s, %s, %s, pid, backend_start FROM "
+    "pg_catalog.pg_stat_get_activity(pg_catalog.pg_backend_pid()) "
     "RETURNING 1) SELECT pg_catalog.pg_notify(%s, '') FROM handed"
 )
 # A round takes the oldest batches waiting whose handed-over events hold at
@@ -176,7 +177,8 @@ STALLED = (
     "WHERE datname = pg_catalog.current_database()) "
     "AND ((l.relation = 'stored_events'::regclass AND l.mode = 'ExclusiveLock') "
     "OR (l.relation = 'handoff'::regclass AND l.mode = 'RowExclusiveLock')) "
-    "AND a.state = 'active' AND a.wait_event = 'ClientRead' AND a.pid <> pg_catalog.pg_backend_pid() "
+    "AND a.state = 'active' AND a.wait_event = 'ClientRead' AND a.pid <> "
+    "pg_catalog.pg_backend_pid() "
     "AND a.state_change < pg_catalog.now() - pg_catalog.make_interval(secs => %s)"
 )
 
@@ -335,8 +337,9 @@ def not_handed_by_a_writer(key: str, raw: bytes) -> str | None:
 def malformed(batch: Any) -> str | None:
     """What makes a batch handed over one a writer does not make (a list of
     events as ``ledger.events.received`` returns them, which it takes back
-    as they are); None if nothing. Asked only after a round failed (it
-    validates every event again)."""
+    as they are); None if nothing. It validates every event again, so it is
+    asked only of a round after one that failed, or one that holds a batch
+    ``not_handed_by_a_writer`` names."""
     if not isinstance(batch, list) or not batch:
         return "not a list of events"
     for event in batch:

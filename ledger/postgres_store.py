@@ -83,7 +83,7 @@ from projections.rows import ChangedRows, Statements
 # zombie slots on removed nodes (``projections.tables.upgrade``). Views of the
 # log a release adds (``projections.tables.LOG_VIEWS``) need no new version:
 # any open by a role that may make them makes them, as on SQLite.
-SCHEMA_VERSION = 5  # the next is 7 (WITHDRAWN)
+SCHEMA_VERSION = 5
 # The tables the event recorder makes first, as it makes them: a schema that
 # holds only these (the log empty) holds a ledger whose creation was cut short.
 RECORDER_COLUMNS = {
@@ -114,14 +114,17 @@ STATE_PREFIX = tables.STATE_PREFIX
 # sent (psycopg's cursor takes a whole result at once). A state set to NULL
 # by hand reads as no bytes, which verify names.
 _PAGE_SIZES = (
-    "SELECT originator_version, COALESCE(pg_catalog.octet_length(state), 0) AS size FROM stored_events "
+    "SELECT originator_version, COALESCE(pg_catalog.octet_length(state), 0) AS size FROM "
+    "stored_events "
     "WHERE originator_id = %(stream)s AND originator_version > %(after)s "
     "AND originator_version <= %(upto)s ORDER BY originator_version LIMIT %(page)s")
 LOG_PAGE = (
     "SELECT originator_version, topic, COALESCE(state, ''::bytea) FROM stored_events "
     "WHERE originator_id = %(stream)s AND originator_version > %(after)s "
-    "AND originator_version <= (SELECT CASE WHEN COALESCE(pg_catalog.sum(size), 0) < %(bytes)s THEN %(upto)s "
-    "ELSE (SELECT pg_catalog.min(originator_version) FROM (SELECT originator_version, pg_catalog.sum(size) OVER "
+    "AND originator_version <= (SELECT CASE WHEN COALESCE(pg_catalog.sum(size), 0) < %(bytes)s "
+    "THEN %(upto)s "
+    "ELSE (SELECT pg_catalog.min(originator_version) FROM (SELECT originator_version, "
+    "pg_catalog.sum(size) OVER "
     f"(ORDER BY originator_version ROWS UNBOUNDED PRECEDING) AS upto FROM ({_PAGE_SIZES}) page) "
     f"sizes WHERE upto >= %(bytes)s) END FROM ({_PAGE_SIZES}) page) "
     "ORDER BY originator_version LIMIT %(page)s")
@@ -152,8 +155,10 @@ IDLE_IN_TRANSACTION = 60
 # table by key: by looking each key up, not by hashing or merging the whole
 # table, which the planner picks once the table is a few hundred rows.
 KEYS_ONLY = (
-    "SELECT pg_catalog.set_config('enable_seqscan', 'off', true), pg_catalog.set_config('jit', 'off', true), "
-    "pg_catalog.set_config('enable_hashjoin', 'off', true), pg_catalog.set_config('enable_mergejoin', 'off', true)"
+    "SELECT pg_catalog.set_config('enable_seqscan', 'off', true), pg_catalog.set_config('jit', "
+    "'off', true), "
+    "pg_catalog.set_config('enable_hashjoin', 'off', true), "
+    "pg_catalog.set_config('enable_mergejoin', 'off', true)"
 )
 # A write transaction's limits: how long it waits for a lock (the log's, a
 # row's), and how long the server lets its client stall idle in it (the
@@ -223,13 +228,14 @@ GUARD_STATES = (
     "FROM ROWS FROM (pg_catalog.unnest(%(guarded)s::text[]), "
     "pg_catalog.unnest(%(guards)s::text[]), pg_catalog.unnest(%(fires)s::int2[])) "
     "WITH ORDINALITY g(relation, name, fires, n) "
-    "LEFT JOIN pg_trigger t ON t.tgrelid = pg_catalog.to_regclass(g.relation) AND t.tgname = g.name "
+    "LEFT JOIN pg_trigger t ON t.tgrelid = pg_catalog.to_regclass(g.relation) AND t.tgname = "
+    "g.name "
     "UNION ALL SELECT 'refuse_change()', CASE WHEN p.oid IS NULL THEN 'missing' "
     "WHEN p.prosrc <> %(body)s THEN 'altered' END, 0 "
-    "FROM (SELECT pg_catalog.to_regprocedure(%(refusal)s) AS oid) f LEFT JOIN pg_proc p ON p.oid = f.oid"
+    "FROM (SELECT pg_catalog.to_regprocedure(%(refusal)s) AS oid) f LEFT JOIN pg_proc p ON p.oid "
+    "= f.oid"
 )
 UNGUARDED = f"SELECT name, how FROM ({GUARD_STATES}) s WHERE how IS NOT NULL ORDER BY n"
-# The roles besides the schema's owner that may create in it (PUBLIC: all).
 # The roles besides the schema's owner and the log's (or a member of theirs:
 # the ledger's own writers) that may create in it (PUBLIC: all).
 CREATORS = (
@@ -240,7 +246,8 @@ CREATORS = (
     "COALESCE(pg_catalog.pg_has_role(a.grantee, (SELECT c.relowner FROM pg_catalog.pg_class c "
     "WHERE c.oid = pg_catalog.to_regclass(%(log)s)), 'MEMBER'), false)) ORDER BY 1"
 )
-OWNER = "SELECT pg_catalog.pg_get_userbyid(relowner) FROM pg_class WHERE oid = pg_catalog.to_regclass(%s)"
+OWNER = ("SELECT pg_catalog.pg_get_userbyid(relowner) FROM pg_class "
+         "WHERE oid = pg_catalog.to_regclass(%s)")
 
 
 class Found(NamedTuple):
@@ -474,19 +481,25 @@ SEQUENCES_OF = (
     "JOIN pg_class s ON s.oid = d.objid AND s.relkind = 'S' "
     "JOIN pg_namespace ns ON ns.oid = s.relnamespace "
     "WHERE d.classid = 'pg_class'::regclass AND d.refclassid = 'pg_class'::regclass "
-    "AND d.refobjid = ANY(SELECT pg_catalog.to_regclass(t) FROM pg_catalog.unnest(%s::text[]) t) ORDER BY 1, 2"
+    "AND d.refobjid = ANY(SELECT pg_catalog.to_regclass(t) FROM pg_catalog.unnest(%s::text[]) t) "
+    "ORDER BY 1, 2"
 )
 # What a role may still do on the ledger's tables, sequences and schema
 # beyond reading the projections: through a role it belongs to, or PUBLIC.
 BEYOND_READING = (
-    "SELECT pg_catalog.format('%%s on %%s', p, n) AS what FROM pg_catalog.unnest(%(ledger)s::text[]) n, "
+    "SELECT pg_catalog.format('%%s on %%s', p, n) AS what FROM "
+    "pg_catalog.unnest(%(ledger)s::text[]) n, "
     "pg_catalog.unnest(array['SELECT', 'INSERT', 'UPDATE', 'REFERENCES']) p "
     "WHERE (p <> 'SELECT' OR n <> ALL(%(names)s::text[])) "  # a column's privilege too
-    "AND pg_catalog.has_any_column_privilege(%(role)s::text, pg_catalog.format('%%I.%%I', %(schema)s::text, n), p) "
-    "UNION ALL SELECT pg_catalog.format('%%s on %%s', p, n) FROM pg_catalog.unnest(%(ledger)s::text[]) n, "
+    "AND pg_catalog.has_any_column_privilege(%(role)s::text, pg_catalog.format('%%I.%%I', "
+    "%(schema)s::text, n), p) "
+    "UNION ALL SELECT pg_catalog.format('%%s on %%s', p, n) FROM "
+    "pg_catalog.unnest(%(ledger)s::text[]) n, "
     "pg_catalog.unnest(array['DELETE', 'TRUNCATE', 'TRIGGER']) p "
-    "WHERE pg_catalog.has_table_privilege(%(role)s::text, pg_catalog.format('%%I.%%I', %(schema)s::text, n), p) "
-    "UNION ALL SELECT pg_catalog.format('%%s on sequence %%s', p, q) FROM pg_catalog.unnest(%(sequences)s::text[]) q, "
+    "WHERE pg_catalog.has_table_privilege(%(role)s::text, pg_catalog.format('%%I.%%I', "
+    "%(schema)s::text, n), p) "
+    "UNION ALL SELECT pg_catalog.format('%%s on sequence %%s', p, q) FROM "
+    "pg_catalog.unnest(%(sequences)s::text[]) q, "
     "pg_catalog.unnest(array['USAGE', 'SELECT', 'UPDATE']) p "
     "WHERE pg_catalog.has_sequence_privilege(%(role)s::text, q, p) "
     "UNION ALL SELECT pg_catalog.format('CREATE in schema %%s', %(schema)s::text) "
@@ -500,7 +513,8 @@ def _more_than_granted(run: Callable[..., list[Any]], role: str, schema: str) ->
     is refused before anything is revoked (an owner revoking its own
     privileges would lock the ledger's writers out)."""
     found = run(
-        "SELECT r.rolsuper AS superuser, (SELECT pg_catalog.array_agg(c.relname::text ORDER BY c.relname) "
+        "SELECT r.rolsuper AS superuser, (SELECT pg_catalog.array_agg(c.relname::text ORDER BY "
+        "c.relname) "
         "FROM pg_class c JOIN pg_namespace ns ON ns.oid = c.relnamespace "
         "WHERE ns.nspname = %s AND c.relname = ANY(%s::text[]) "
         "AND pg_catalog.pg_has_role(r.oid, c.relowner, 'MEMBER')) AS owned "
@@ -784,7 +798,8 @@ class PostgresStore:
         try:
             with connection.transaction():
                 connection.execute(
-                    "SELECT pg_catalog.pg_advisory_xact_lock(%s, %s)", (SCHEMA_LOCK, self.schema_oid))
+                    "SELECT pg_catalog.pg_advisory_xact_lock(%s, %s)",
+                    (SCHEMA_LOCK, self.schema_oid))
                 found = self._found(connection)
                 if not found.guarded:
                     for statement in GUARDS:
@@ -1205,7 +1220,8 @@ class PostgresStore:
         that ends, and the lock with it. The same session tells which others
         no session holds (no third connection)."""
         with self.connect(role="replay") as connection:
-            connection.execute("SELECT pg_catalog.pg_advisory_lock(%s, pg_catalog.hashtext(%s))", (SCRATCH_LOCK, prefix))
+            connection.execute("SELECT pg_catalog.pg_advisory_lock(%s, pg_catalog.hashtext(%s))",
+                               (SCRATCH_LOCK, prefix))
             yield partial(_abandoned, connection)
 
     def keeping_grants(self, cursor: Any) -> Any:
@@ -1244,7 +1260,8 @@ class PostgresStore:
                                       "nothing was changed: grant to a role of its own")
                 ledger = [row["n"] for row in run(  # as far as they exist
                     "SELECT n FROM pg_catalog.unnest(%s::text[]) n "
-                    "WHERE pg_catalog.to_regclass(pg_catalog.format('%%I.%%I', %s::text, n)) IS NOT NULL",
+                    "WHERE pg_catalog.to_regclass(pg_catalog.format('%%I.%%I', %s::text, n)) IS "
+                    "NOT NULL",
                     ([*names, *OWN_TABLES], self.schema))]
                 sequences = [(row["nsp"], row["rel"]) for row in run(SEQUENCES_OF, (
                     [f'"{self.schema}"."{n}"' for n in ledger],))]
@@ -1268,7 +1285,8 @@ class PostgresStore:
                 # A GRANT by a role that may not grant only warns: check what took.
                 missing = [row["n"] for row in run(
                     "SELECT n FROM pg_catalog.unnest(%s::text[]) n "
-                    "WHERE NOT pg_catalog.has_table_privilege(%s::text, pg_catalog.format('%%I.%%I', %s::text, n), "
+                    "WHERE NOT pg_catalog.has_table_privilege(%s::text, "
+                    "pg_catalog.format('%%I.%%I', %s::text, n), "
                     "'SELECT') OR NOT pg_catalog.has_schema_privilege(%s::text, %s::text, 'USAGE')",
                     (names, role, self.schema, role, self.schema))]
                 if missing:
@@ -1277,11 +1295,12 @@ class PostgresStore:
                     "ledger": ledger, "names": names, "role": role, "schema": self.schema,
                     "sequences": [f'"{nsp}"."{rel}"' for nsp, rel in sequences]})]
                 if beyond:
-                    creates = any(w.startswith("CREATE in schema") for w in beyond) and (
+                    creates = (
                         f" (one that may create in the ledger's schema may run its code as "
                         f"the ledger's writers: REVOKE CREATE ON SCHEMA {self.schema} FROM "
                         "PUBLIC, as PostgreSQL 15 does for public, or from the role it has it "
-                        "from)") or ""
+                        "from)"
+                    ) if any(w.startswith("CREATE in schema") for w in beyond) else ""
                     raise GrantRefused(
                         f"cannot make {role} a reporting role: it may still {first_few(beyond)} "
                         "(as a member of a role that may, or through PUBLIC); nothing was "
@@ -1303,8 +1322,10 @@ def _abandoned(connection: psycopg.Connection[Any], prefixes: list[str]) -> list
     free = []
     for prefix in prefixes:
         key = (SCRATCH_LOCK, prefix)
-        row = connection.execute("SELECT pg_catalog.pg_try_advisory_lock(%s, pg_catalog.hashtext(%s))", key).fetchone()
+        row = connection.execute(
+            "SELECT pg_catalog.pg_try_advisory_lock(%s, pg_catalog.hashtext(%s))", key).fetchone()
         if row is not None and row[0]:
             free.append(prefix)
-            connection.execute("SELECT pg_catalog.pg_advisory_unlock(%s, pg_catalog.hashtext(%s))", key)
+            connection.execute(
+                "SELECT pg_catalog.pg_advisory_unlock(%s, pg_catalog.hashtext(%s))", key)
     return free

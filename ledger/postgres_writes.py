@@ -148,7 +148,8 @@ def write_kept(
     changed = [(name, rows) for name, rows in changed if name not in LOGS]
     first = [recorder.insert_rows, INSERT_HASHES, INSERT_IDS]
     cursor.execute(
-        statements_for(prefix).together([name for name, _ in changed], first, "pg_catalog.pg_notify(%s, '')"),
+        statements_for(prefix).together(
+            [name for name, _ in changed], first, "pg_catalog.pg_notify(%s, '')"),
         [
             stream,
             as_json([(e.originator_version, e.topic, e.state.decode()) for e in events]),

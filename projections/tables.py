@@ -205,7 +205,8 @@ def name_taken_check(dialect: str, name: str) -> str:
 def view_exists_check(dialect: str, name: str) -> str:
     if dialect == "sqlite":
         return f"SELECT 1 FROM sqlite_master WHERE type='view' AND name='{name}'"
-    return f"SELECT 1 FROM information_schema.views WHERE table_name='{name}' AND table_schema=pg_catalog.current_schema()"
+    return ("SELECT 1 FROM information_schema.views "
+            f"WHERE table_name='{name}' AND table_schema=pg_catalog.current_schema()")
 
 
 def create(
@@ -331,15 +332,17 @@ def index_names(cursor: Any, dialect: str, table: str) -> set[str]:
         cursor.execute("SELECT name FROM sqlite_master WHERE type = 'index' AND tbl_name = ?",
                        (table,))
     else:
-        cursor.execute("SELECT indexname FROM pg_indexes WHERE schemaname = pg_catalog.current_schema() "
-                       "AND tablename = %s", (table,))
+        cursor.execute("SELECT indexname FROM pg_indexes "
+                       "WHERE schemaname = pg_catalog.current_schema() AND tablename = %s",
+                       (table,))
     return {row[0] for row in cursor.fetchall()}
 
 
 def column_types(cursor: Any, table: str) -> dict[str, str]:
     """A PostgreSQL table's columns and their types, as the server names them."""
     cursor.execute("SELECT column_name, data_type FROM information_schema.columns "
-                   "WHERE table_schema = pg_catalog.current_schema() AND table_name = %s", (table,))
+                   "WHERE table_schema = pg_catalog.current_schema() AND table_name = %s",
+                   (table,))
     return {row[0]: row[1] for row in cursor.fetchall()}
 
 
@@ -371,7 +374,8 @@ def add_column(cursor: Any, dialect: str, table: str, column: str, kind: str) ->
         cursor.execute(f"SELECT 1 FROM pragma_table_info('{table}') WHERE name = '{column}'")
     else:
         cursor.execute(
-            "SELECT 1 FROM information_schema.columns WHERE table_schema = pg_catalog.current_schema() "
+            "SELECT 1 FROM information_schema.columns "
+            "WHERE table_schema = pg_catalog.current_schema() "
             f"AND table_name = '{table}' AND column_name = '{column}'")
     if cursor.fetchone() is None:
         cursor.execute(f"ALTER TABLE {table} ADD COLUMN {column} {kind}")
