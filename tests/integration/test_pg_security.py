@@ -13,8 +13,8 @@ import ast
 import hashlib
 import json
 import re
-import tokenize
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
 from urllib.parse import urlsplit
 
@@ -214,31 +214,53 @@ def test_a_round_that_fails_on_well_made_batches_still_surfaces_the_failure(
             ledger.submit({"type": "heartbeat", "node": "n1"})
 
 
+ROOT = Path(__file__).resolve().parents[2]
+# Calls that are SQL's syntax, not functions looked up by name.
+SYNTAX = {"coalesce", "nullif", "greatest", "least", "exists", "any", "all", "in",
+          "values", "row", "array", "cast", "extract", "position", "substring", "trim"}
+
+
+def builtins_of(pg_admin) -> set[str]:
+    """The names of PostgreSQL's own functions (``pg_catalog``)."""
+    return {row[0] for row in pg_admin(
+        "SELECT DISTINCT proname::text FROM pg_proc "
+        "WHERE pronamespace = 'pg_catalog'::regnamespace")}
+
+
+def calls_in(path: Path) -> Iterator[tuple[int, str]]:
+    """Each ``name(`` the string literals of a module hold, with its line,
+    unless a ``.`` names its schema (or an f-string's ``{…}`` does, as
+    ``{builtin}lag(``); docstrings are prose, not SQL."""
+    tree = ast.parse(path.read_text())
+    prose = {id(node.body[0].value) for node in ast.walk(tree)
+             if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef))
+             and node.body and isinstance(node.body[0], ast.Expr)}
+    parts = {id(part) for node in ast.walk(tree) if isinstance(node, ast.JoinedStr)
+             for part in node.values}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.JoinedStr):
+            text = "".join(part.value if isinstance(part, ast.Constant) else "{}"
+                           for part in node.values)
+        elif isinstance(node, ast.Constant) and isinstance(node.value, str) \
+                and id(node) not in prose and id(node) not in parts:
+            text = node.value
+        else:
+            continue
+        for call in re.finditer(r"(?<![\w.}])([A-Za-z_][A-Za-z0-9_]*)\s*\(", text):
+            yield node.lineno, call[1]
+
+
 def test_every_function_the_ledgers_own_sql_calls_names_pg_catalog(pg_admin):
     """A function of PostgreSQL's called without ``pg_catalog.`` may be taken
     over by one of a better match in the ledger's schema (helper-306 found
     cardinality, pg_stat_get_activity, obj_description, format and
     pg_terminate_backend after unnest was mended): every call in the SQL of
     the PostgreSQL modules, and of the projection tables' PostgreSQL-only
-    SQL, names it. (Docstrings and comments are prose, not SQL.)"""
-    builtins = {row[0] for row in pg_admin(
-        "SELECT DISTINCT proname::text FROM pg_proc "
-        "WHERE pronamespace = 'pg_catalog'::regnamespace")}
-    syntax = {"coalesce", "nullif", "greatest", "least", "exists", "any", "all", "in",
-              "values", "row", "array", "cast", "extract", "position", "substring", "trim"}
-    root = Path(__file__).resolve().parents[2]
-    unnamed = []
-    for path in sorted((root / "ledger").glob("postgres_*.py")):
-        tree = ast.parse(path.read_text())
-        prose = {id(node.body[0].value) for node in ast.walk(tree)
-                 if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef))
-                 and node.body and isinstance(node.body[0], ast.Expr)}
-        for node in ast.walk(tree):
-            if isinstance(node, ast.Constant) and isinstance(node.value, str) \
-                    and id(node) not in prose:
-                for call in re.finditer(r"(?<![\w.])([a-z_][a-z0-9_]*)\s*\(", node.value):
-                    if call[1] in builtins and call[1] not in syntax:
-                        unnamed.append(f"{path.name}:{node.lineno}: {call[1]}(")
+    SQL, names it."""
+    builtins = builtins_of(pg_admin)
+    unnamed = [f"{path.name}:{line}: {name}("
+               for path in sorted((ROOT / "ledger").glob("postgres_*.py"))
+               for line, name in calls_in(path) if name in builtins and name not in SYNTAX]
     from projections import tables
     for postgresql in (tables.NOW_TEXT["postgresql"], tables._KEPT["postgresql"]):
         unnamed += [f"tables.py: {call[1]}(" for call in re.finditer(
@@ -264,20 +286,9 @@ def test_the_shared_sql_postgresql_runs_names_pg_catalog_too(pg_admin, module):
     ``lag(bigint, int, int)`` or a ``convert_to(text, text)`` in the ledger's
     schema matches better (helper-307). SQL both databases run names the
     schema where it runs on PostgreSQL (``{builtin}lag(``); ``COUNT(*)``
-    and ``MAX`` of a column have no better match. Read as the source's
-    string tokens (an f-string whole), docstrings (triple-quoted) aside."""
-    builtins = {row[0] for row in pg_admin(
-        "SELECT DISTINCT proname::text FROM pg_proc "
-        "WHERE pronamespace = 'pg_catalog'::regnamespace")}
-    syntax = {"coalesce", "nullif", "greatest", "least", "exists", "any", "all", "in",
-              "values", "row", "array", "cast", "extract", "position", "substring", "trim",
-              "count", "max", "min"}
-    path = Path(__file__).resolve().parents[2] / module
-    with path.open() as source:
-        strings = [token for token in tokenize.generate_tokens(source.readline)
-                   if token.type == tokenize.STRING and '"""' not in token.string]
-    unnamed = [f"{module}:{token.start[0]}: {call[1]}("
-               for token in strings
-               for call in re.finditer(r"(?<![\w.}])([A-Za-z_][A-Za-z0-9_]*)\s*\(", token.string)
-               if call[1].lower() in builtins and call[1].lower() not in syntax]
+    and ``MAX`` of a column have no better match."""
+    builtins = builtins_of(pg_admin)
+    unnamed = [f"{module}:{line}: {name}(" for line, name in calls_in(ROOT / module)
+               if name.lower() in builtins
+               and name.lower() not in SYNTAX | {"count", "max", "min"}]
     assert unnamed == []
