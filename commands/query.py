@@ -4,20 +4,18 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from datetime import UTC, datetime
-from typing import Any, NamedTuple
+from typing import Any
 
 import click
 
 from commands.cli import CommandGroup, opened
 from commands.output import Rows, emit, emit_object, format_option
 from ledger.errors import counted
-from ledger.model import LIVE, TERMINAL, timestamp
-from ledger.store import Store
-from projections.asof import AsOf, head_within, moment_of, rebuild, state_at
+from ledger.model import LIVE, TERMINAL
+from projections.answers import Answers, answering
+from projections.asof import AsOf, head_within, moment_of, rebuild
 from projections.history import search as history_of
-from projections.projector import Projector
-from projections.queries import COLUMNS, Queries
+from projections.queries import COLUMNS
 
 
 @click.group(cls=CommandGroup)
@@ -52,45 +50,18 @@ def _point(as_of: str | None) -> AsOf | None:
     return None if as_of is None else AsOf.parse(as_of)
 
 
-class Answering(NamedTuple):
-    queries: Queries
-    # as of which position: None for live tables that are current; the
-    # tables' own position when they lag behind the log
-    position: int | None
-    moment: str | None  # as of which time (None: now)
-
-
 @contextmanager
-def answering(ctx: click.Context, as_of: str | None) -> Iterator[Answering]:
-    """Queries over the live tables, or over history replayed.
-
-    On SQLite the tables are always up to date. On PostgreSQL they are as far
-    as ``project --follow`` (or inline projection) has brought them: ``--wait``
-    catches them up first, and when they are behind, every answer is preceded
-    by ``lag: N positions behind the log (…)`` on stderr."""
-    point = _point(as_of)
-    with opened(ctx) as store:
-        if point is not None:
-            _within_the_log(store, point)
-            state = state_at(store, point)
-            yield Answering(Queries(state.connection.cursor()), state.position, state.moment)
-            return
-        if ctx.meta.get("query.wait") or store.state_prefix == "":
-            # bounded: a follower stopped inside its transaction holds the tables
-            Projector(store).update(waits=store.lock_wait)
-        with store.reading() as cursor:
-            head, tracked = store.head(cursor), store.tracked(cursor)
-            if head > tracked:  # on stderr in every format: stdout stays the answer
-                click.echo(f"lag: {counted(head - tracked, 'position')} behind the log (the "
-                           f"answer is as of position {tracked} of {head})", err=True)
-            # "not in the ledger" is then said of that position, not of the log
-            yield Answering(Queries.of(store, cursor), tracked if head > tracked else None, None)
-
-
-def _within_the_log(store: Store, point: AsOf) -> None:
-    """A position past the head has no state "right after" it (a moment
-    past the last event does: everything)."""
-    head_within(store, point.position, "--as-of")
+def answered(ctx: click.Context, as_of: str | None) -> Iterator[Answers]:
+    """The answers the command line asks for (``projections.answers``); when
+    the live tables lag behind the log, every answer is preceded by ``lag: N
+    positions behind the log (…)`` on stderr, so stdout stays the answer."""
+    point = _point(as_of)  # a usage error before the store is opened
+    with opened(ctx) as store, answering(store, point, bool(ctx.meta.get("query.wait"))) as found:
+        if found.behind:
+            click.echo(f"lag: {counted(found.behind, 'position')} behind the log (the "
+                       f"answer is as of position {found.position} of "
+                       f"{found.position + found.behind})", err=True)
+        yield found
 
 
 def _named(name: str, help_text: str) -> Callable[[Callable[..., Any]], click.Command]:
@@ -130,17 +101,16 @@ class NameType(click.ParamType):  # type: ignore[type-arg]  # generic from click
 )
 def needs_reconnect(ctx: click.Context, as_of: str | None, fmt: str | None, now: str | None) -> None:
     given = None if now is None else moment_of(now, "--now")
-    with answering(ctx, as_of) as (q, _, moment):
-        judged = given or moment or timestamp(datetime.now(UTC))
-        emit(q.needs_reconnect(judged), COLUMNS["needs-reconnect"], fmt)
+    with answered(ctx, as_of) as found:
+        emit(found.needs_reconnect(given), COLUMNS["needs-reconnect"], fmt)
 
 
 @_named("zombie-slots", """Slots a node reports as held although history says otherwise.
 
     Example: alloc-ledger query zombie-slots --format csv""")
 def zombie_slots(ctx: click.Context, as_of: str | None, fmt: str | None) -> None:
-    with answering(ctx, as_of) as (q, _, _):
-        emit(q.zombie_slots(), COLUMNS["zombie-slots"], fmt)
+    with answered(ctx, as_of) as found:
+        emit(found.zombie_slots(), COLUMNS["zombie-slots"], fmt)
 
 
 @_named("slots", """The slot table per node: the ledger's view and the node's last report.
@@ -148,29 +118,16 @@ def zombie_slots(ctx: click.Context, as_of: str | None, fmt: str | None) -> None
     Example: alloc-ledger query slots --node n1""")
 @click.option("--node", type=NameType("a node name"), help="Only this node.")
 def slots(ctx: click.Context, as_of: str | None, fmt: str | None, node: str | None) -> None:
-    with answering(ctx, as_of) as (q, position, _):
-        found = q.slots(node)
-        if not found:
-            _known(q, position, node=node)
-    emit(found, COLUMNS["slots"], fmt)
-
-
-def _known(q: Queries, position: int | None, node: str | None = None, job: str | None = None) -> None:
-    """A filter naming what the ledger never held is an error, not a quiet
-    empty answer: a mistyped name must not read as "nothing wrong"."""
-    when = "" if position is None else f" at position {position}"
-    if node is not None and not q.has_node(node):
-        raise click.ClickException(f"node {node} is not in the ledger{when}")
-    if job is not None and not q.has_job(job):
-        raise click.ClickException(f"no allocation of job {job} is in the ledger{when}")
+    with answered(ctx, as_of) as found:
+        emit(found.slots(node), COLUMNS["slots"], fmt)
 
 
 @_named("nodes", """Nodes with status, health and last heartbeat.
 
     Example: alloc-ledger query nodes --as-of 120""")
 def nodes(ctx: click.Context, as_of: str | None, fmt: str | None) -> None:
-    with answering(ctx, as_of) as (q, _, _):
-        emit(q.nodes(), COLUMNS["nodes"], fmt)
+    with answered(ctx, as_of) as found:
+        emit(found.nodes(), COLUMNS["nodes"], fmt)
 
 
 @_named("allocs", """Allocations (not yet removed), optionally filtered.
@@ -186,11 +143,8 @@ def allocs(
     ctx: click.Context, as_of: str | None, fmt: str | None,
     node: str | None, job: str | None, status: str | None,
 ) -> None:
-    with answering(ctx, as_of) as (q, position, _):
-        found = q.allocs(node, job, status)
-        if not found:
-            _known(q, position, node=node, job=job)
-    emit(found, COLUMNS["allocs"], fmt)
+    with answered(ctx, as_of) as found:
+        emit(found.allocs(node, job, status), COLUMNS["allocs"], fmt)
 
 
 @_named("alloc", """One allocation with its alloc states and its history.
@@ -198,8 +152,8 @@ def allocs(
     Example: alloc-ledger query alloc a1""")
 @click.argument("alloc_id", metavar="ALLOC", type=NameType("an allocation id"))
 def alloc(ctx: click.Context, as_of: str | None, fmt: str | None, alloc_id: str) -> None:
-    with answering(ctx, as_of) as (q, position, _):
-        found = q.alloc(alloc_id)
+    with answered(ctx, as_of) as answers:
+        found, position = answers.alloc(alloc_id), answers.position
     with opened(ctx) as store:
         history = history_of(store, alloc_id, position)
         rows = Rows(history.rows)  # read from the log as they are printed
@@ -217,24 +171,24 @@ def alloc(ctx: click.Context, as_of: str | None, fmt: str | None, alloc_id: str)
 
     Example: alloc-ledger query addresses""")
 def addresses(ctx: click.Context, as_of: str | None, fmt: str | None) -> None:
-    with answering(ctx, as_of) as (q, _, _):
-        emit(q.addresses(), COLUMNS["addresses"], fmt)
+    with answered(ctx, as_of) as found:
+        emit(found.addresses(), COLUMNS["addresses"], fmt)
 
 
 @_named("suspects", """Suspect nodes, and down nodes with the allocations they took with them.
 
     Example: alloc-ledger query suspects""")
 def suspects(ctx: click.Context, as_of: str | None, fmt: str | None) -> None:
-    with answering(ctx, as_of) as (q, _, _):
-        emit(q.suspects(), COLUMNS["suspects"], fmt)
+    with answered(ctx, as_of) as found:
+        emit(found.suspects(), COLUMNS["suspects"], fmt)
 
 
 @_named("rejections", """The rejection log: refused events with their reasons.
 
     Example: alloc-ledger query rejections --format jsonl""")
 def rejections(ctx: click.Context, as_of: str | None, fmt: str | None) -> None:
-    with answering(ctx, as_of) as (q, _, _):
-        emit(q.rejections(), COLUMNS["rejections"], fmt)
+    with answered(ctx, as_of) as found:
+        emit(found.rejections(), COLUMNS["rejections"], fmt)
 
 
 @_named("history", """Every event and rejection touching a node, allocation, slot (n1#0) or address.
@@ -250,7 +204,7 @@ def history(ctx: click.Context, as_of: str | None, fmt: str | None, entity: str)
     with opened(ctx) as store:
         upto = None
         if point is not None:
-            _within_the_log(store, point)
+            head_within(store, point.position, "--as-of")
             upto = point.position if point.at is None else rebuild(store, point)[1]
         found = history_of(store, entity, upto)
         rows = Rows(found.rows)  # read from the log as they are printed

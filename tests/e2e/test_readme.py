@@ -65,6 +65,13 @@ def test_the_readmes_python_example_runs_as_its_comments_say(tmp_path, monkeypat
     assert (receipt.status, receipt.position, receipt.error) == ("appended", 3, None)
     assert "# True, {'status': 'appended', ...}" in code
     assert receipt.ok and receipt.as_dict() == {"status": "appended", "position": 3, "error": None}
+    # the questions, asked of the ledger the example above made
+    asking = section.split("```python\n", 2)[2].split("\n```", 1)[0]
+    exec(compile(asking, "README.md (Python API, questions)", "exec"), scope)  # noqa: S102
+    assert "# [{'node': 'n1', 'status': 'ready', ...}]" in asking
+    assert [(n["node"], n["status"]) for n in scope["nodes"]] == [("n1", "ready")]
+    assert scope["waiting"] == [] and scope["a1"] is None
+    assert "# ('initializing', 1)" in asking and scope["then"] == ("initializing", 1)
 
 
 # -- the SQL for reporting tools runs as written, on both stores ----------------------
