@@ -44,9 +44,21 @@ MAX_SLOTS = 1024  # the most slots a node may have: submit takes no more, a repl
 # while it is decided, so a line of 1 MiB stays a few MB in memory.
 MAX_ADDRESSES = 1024
 
-# A deadline past the year 9999, as the one text form writes it: it never
-# expires (no --now reaches past it).
+# A deadline past the year 9999, as the one text form writes it: the last
+# time there is (``past_the_years`` tells it from a deadline of that time).
 NEVER = datetime.max.isoformat(timespec="microseconds") + "Z"
+TIME_FORM = "%Y-%m-%dT%H:%M:%S.%fZ"  # the one text form of times (``timestamp``)
+
+
+def past_the_years(since: str, max_disconnect: int | None) -> bool:
+    """Whether a deadline (``since`` + ``max_disconnect`` seconds) falls past
+    the year 9999: written ``NEVER``, it never expires, while a deadline of
+    that very microsecond, written the same, expires once --now reaches it."""
+    try:
+        datetime.strptime(since, TIME_FORM) + timedelta(seconds=max_disconnect or 0)
+    except OverflowError:
+        return True
+    return False
 
 
 @dataclass(slots=True)
@@ -118,7 +130,7 @@ class Allocation:
         """When the allocation stops waiting for its node: unknown_since_at + max_disconnect."""
         if not self.needs_reconnect or self.unknown_since_at is None:
             return None
-        since = datetime.strptime(self.unknown_since_at, "%Y-%m-%dT%H:%M:%S.%fZ")
+        since = datetime.strptime(self.unknown_since_at, TIME_FORM)
         try:
             moment = since + timedelta(seconds=self.max_disconnect or 0)
         except OverflowError:  # past the year 9999: never, in the one text form

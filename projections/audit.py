@@ -25,13 +25,13 @@ the time ``needs-reconnect --as-of`` judges deadlines at there.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
 from ledger.collection import fewer_collections
 from ledger.domain import Changes, Cluster
 from ledger.errors import OutOfRange
-from ledger.model import HEALTH_REASON, Allocation
+from ledger.model import HEALTH_REASON, TIME_FORM, Allocation
 from ledger.records import Record, decode, gapless, replay
 from ledger.store import Store
 from projections.asof import head_within
@@ -59,15 +59,13 @@ COLUMNS: dict[str, tuple[str, ...]] = {
     ),
     "downs": ("position", "at", "node", "status", "reason", "cascade", "lost_allocs"),
 }
-_TIME = "%Y-%m-%dT%H:%M:%S.%fZ"
 
 
-def seconds_between(start: str, end: str) -> float | None:
+def elapsed(start: str, end: str) -> timedelta | None:
     try:
-        delta = datetime.strptime(end, _TIME) - datetime.strptime(start, _TIME)
+        return datetime.strptime(end, TIME_FORM) - datetime.strptime(start, TIME_FORM)
     except ValueError:
         return None
-    return round(delta.total_seconds(), 3)
 
 
 @dataclass(slots=True)
@@ -86,7 +84,9 @@ class Episode:
             f"{self.start}_at": self.at,
             f"{self.end}_position": position,
             f"{self.end}_at": at,
-            "seconds": seconds_between(self.at, at),
+            # judged unrounded (``past_deadline``), shown to the millisecond
+            "elapsed": (waited := elapsed(self.at, at)),
+            "seconds": None if waited is None else round(waited.total_seconds(), 3),
             "ongoing": False,
         } | more
 
@@ -158,8 +158,9 @@ class Auditor:
             self.found[name].sort(key=_started)
             episodes.clear()
         for row in self.found["reconnects"]:
-            waited, limit = row["seconds"], row["max_disconnect"]
-            row["past_deadline"] = None if waited is None or limit is None else waited >= limit
+            waited, limit = row["elapsed"], row["max_disconnect"]
+            row["past_deadline"] = (
+                None if waited is None or limit is None else waited >= timedelta(seconds=limit))
         return {
             name: [{column: row.get(column) for column in COLUMNS[name]} for row in rows]
             for name, rows in self.found.items()

@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from ledger.model import NEVER
+from ledger.model import NEVER, past_the_years
 
 COLUMNS: dict[str, tuple[str, ...]] = {
     "needs-reconnect": (
@@ -54,11 +54,13 @@ class Queries:
     def needs_reconnect(self, now: str) -> list[dict[str, Any]]:
         rows = self._rows(
             "SELECT alloc, node, job, desired_status, unknown_since_position, unknown_since_at, "
-            "deadline FROM needs_reconnect ORDER BY unknown_since_position, "
+            "deadline, max_disconnect FROM needs_reconnect ORDER BY unknown_since_position, "
             f"alloc{self.c}"
         )
         for row in rows:
-            row["expired"] = row["deadline"] not in (None, NEVER) and row["deadline"] <= now
+            seconds = row.pop("max_disconnect")
+            row["expired"] = row["deadline"] is not None and row["deadline"] <= now and not (
+                row["deadline"] == NEVER and past_the_years(row["unknown_since_at"], seconds))
         return rows
 
     def zombie_slots(self) -> list[dict[str, Any]]:

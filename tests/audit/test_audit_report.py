@@ -258,3 +258,34 @@ def test_an_ongoing_reconnect_is_past_its_deadline_where_needs_reconnect_says_ex
     reconnect = audited(under_test)["reconnects"][0]
 
     assert (reconnect["ongoing"], reconnect["past_deadline"]) == (True, True), reconnect
+
+
+def test_a_reconnect_that_ends_a_fraction_of_a_millisecond_before_its_deadline_is_not_past_it(
+    under_test: StoreUnderTest,
+) -> None:
+    """SPEC §3: expired is deadline <= now, and docs/audit.md says past_deadline
+    is judged as needs-reconnect says expired. Unknown at 10.5 s with
+    max_disconnect 60: the deadline is 70.5 s; a reconnect at 70.4996 s came
+    before it. Fails on main: past_deadline is `seconds >= max_disconnect`,
+    with seconds rounded to the millisecond (59.9996 -> 60.0), so the audit
+    calls past its deadline what needs-reconnect --as-of calls not expired."""
+    with Ledger.open(under_test.url) as ledger:
+        for seconds, event in [
+            (0, {"type": "node-registered", "node": "n1", "slots": 1}),
+            (1, {"type": "heartbeat", "node": "n1"}),
+            (2, {"type": "alloc-placed", "alloc": "a1", "node": "n1", "slot": 0,
+                 "max_disconnect": 60}),
+            (3, {"type": "alloc-updated", "alloc": "a1", "client_status": "running"}),
+            (10.5, {"type": "heartbeat-missed", "node": "n1"}),  # 5: deadline 70.5
+            (70.4996, {"type": "heartbeat", "node": "n1"}),  # 6: still waiting, before it
+        ]:
+            assert ledger.submit(json.dumps(event | {"at": at(seconds)})).status == "appended"
+
+    result = CliRunner().invoke(cli, ["--store", under_test.url, "query", "needs-reconnect",
+                                      "--as-of", "6", "--format", "json"])
+    assert result.exit_code == 0, result.output
+    assert [row["expired"] for row in json.loads(result.stdout)] == [False]
+
+    reconnect = audited(under_test)["reconnects"][0]
+
+    assert (reconnect["ongoing"], reconnect["past_deadline"]) == (True, False), reconnect

@@ -456,3 +456,62 @@ def test_history_of_an_allocation_and_an_address_whose_names_hold_a_hash_sign(cl
         (1, "node-registered", "appended", None), (3, "alloc-placed", "appended", None),
         (5, "alloc-updated", "appended", None)]
     assert [row[0] for row in history(cluster, "n1#1")] == [1, 4]
+
+
+# -- section 3: expired is deadline <= --now, also at the last time there is ------
+
+@pytest.mark.parametrize(("unknown_at", "max_disconnect"), [
+    ("9999-12-31T23:59:59.999999Z", 0),
+    ("9999-12-31T23:54:59.999999Z", 300),
+])
+def test_a_deadline_that_falls_on_the_last_microsecond_expires_when_now_reaches_it(
+    tmp_path, unknown_at, max_disconnect,
+):
+    """SPEC §3: expired = deadline <= --now. A deadline computed to
+    9999-12-31T23:59:59.999999Z (no overflow: unknown_since_at + max_disconnect
+    is exactly that) is a real deadline, and --now of that instant reaches it.
+    Fails on main: the text is also the form of "past the year 9999, never"
+    (NEVER), and every deadline of that text is called not expired."""
+    url = f"sqlite:///{tmp_path}/ledger.db"
+    source = tmp_path / "late.jsonl"
+    source.write_text(lines(
+        {"type": "node-registered", "node": "n1", "slots": 1, "at": "9999-12-31T00:00:00Z"},
+        {"type": "heartbeat", "node": "n1", "at": "9999-12-31T00:00:01Z"},
+        {"type": "alloc-placed", "alloc": "a1", "node": "n1", "slot": 0,
+         "max_disconnect": max_disconnect, "at": "9999-12-31T00:00:02Z"},
+        {"type": "alloc-updated", "alloc": "a1", "client_status": "running",
+         "at": "9999-12-31T00:00:03Z"},
+        {"type": "heartbeat-missed", "node": "n1", "at": unknown_at},
+    ))
+    invoke(["--store", url, "submit", str(source), "--quiet"])
+
+    result = invoke(["--store", url, "query", "needs-reconnect",
+                     "--now", "9999-12-31T23:59:59.999999Z", "--format", "json"])
+
+    [row] = json.loads(result.stdout)
+    assert (row["deadline"], row["expired"]) == ("9999-12-31T23:59:59.999999Z", True), row
+
+
+def test_a_deadline_past_the_year_9999_is_written_as_its_last_microsecond_and_never_expires(
+    tmp_path,
+):
+    """Written the same as a deadline of that very microsecond (above), a
+    deadline past it is told apart by its unknown_since_at and max_disconnect."""
+    url = f"sqlite:///{tmp_path}/ledger.db"
+    source = tmp_path / "later.jsonl"
+    source.write_text(lines(
+        {"type": "node-registered", "node": "n1", "slots": 1, "at": "9999-12-31T00:00:00Z"},
+        {"type": "heartbeat", "node": "n1", "at": "9999-12-31T00:00:01Z"},
+        {"type": "alloc-placed", "alloc": "a1", "node": "n1", "slot": 0,
+         "max_disconnect": 300, "at": "9999-12-31T00:00:02Z"},
+        {"type": "alloc-updated", "alloc": "a1", "client_status": "running",
+         "at": "9999-12-31T00:00:03Z"},
+        {"type": "heartbeat-missed", "node": "n1", "at": "9999-12-31T23:55:00Z"},
+    ))
+    invoke(["--store", url, "submit", str(source), "--quiet"])
+
+    result = invoke(["--store", url, "query", "needs-reconnect",
+                     "--now", "9999-12-31T23:59:59.999999Z", "--format", "json"])
+
+    [row] = json.loads(result.stdout)
+    assert (row["deadline"], row["expired"]) == ("9999-12-31T23:59:59.999999Z", False), row
