@@ -263,6 +263,8 @@ def rfc3339_problem(text: object) -> str:
         try:
             moment_of_form(text)
         except ValueError as error:
+            if str(error) == "second must be in 0..59" and text[17:19] == "60":
+                return f"{error} (the ledger's times have no leap second :60; write :59.999999)"
             return str(error)  # month must be in 1..12
     elif isinstance(text, str) and _WITHOUT_ZONE.fullmatch(text):
         return NEEDS_ZONE

@@ -729,7 +729,8 @@ COMMAND_NAMES = {"submit", "query", "nodes", "allocs", "alloc", "history", "need
          ("Invalid value for '--as-of': '\u0663' is neither a position nor an RFC 3339 "
           "timestamp (e.g. 2026-01-01T12:00:00Z)")),
         (["query", "needs-reconnect", "--now", "2026-12-31T23:59:60Z"],
-         "Invalid value for '--now': '2026-12-31T23:59:60Z': second must be in 0..59"),
+         ("Invalid value for '--now': '2026-12-31T23:59:60Z': second must be in 0..59 (the "
+          "ledger's times have no leap second :60; write :59.999999)")),
         (["query", "nodes", "--as-of", "2026-02-30T00:00:00Z"],
          "Invalid value for '--as-of': '2026-02-30T00:00:00Z': day is out of range for month"),
         (["replay", "--to", "0_3"], "Invalid value for '--to': '0_3' is not a position (digits 0-9)"),

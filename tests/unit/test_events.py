@@ -367,6 +367,9 @@ NOT_RFC3339 = "field 'at': must be an RFC 3339 time with a zone, e.g. 2026-01-01
     ("2026-01-01", NOT_RFC3339),
     ("2026-01-01T00:00:00", "field 'at': needs a time zone (Z or +hh:mm)"),
     ("2026-13-01T00:00:00Z", "field 'at': month must be in 1..12"),
+    ("2026-12-31T23:59:60Z", ("field 'at': second must be in 0..59 (the ledger's times have "
+                              "no leap second :60; write :59.999999)")),
+    ("2026-12-31T23:59:61+01:00", "field 'at': second must be in 0..59"),
     ("2026-01-01T00:00:00+05:60", NOT_RFC3339),  # fromisoformat reads it as +06:00
     ("2026-01-01T00:00:00+24:00", NOT_RFC3339),
     ("2026-01-01T00:00:00-99:00", NOT_RFC3339),
