@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-from urllib.parse import urlsplit
 
 import click
 from click.core import ParameterSource
@@ -14,7 +13,7 @@ from commands.output import echo, line
 from ledger.application import Ledger
 from ledger.errors import BadOption
 from ledger.events import json_schema
-from ledger.store import open_store
+from ledger.store import open_store, url_parts
 
 BATCH = 1000
 
@@ -99,7 +98,7 @@ def grant_reporting(ctx: click.Context, role: str) -> None:
     if not role.strip():
         raise click.BadParameter("a role name is needed", param_hint="ROLE")
     url = store_of(ctx)
-    if urlsplit(url).scheme not in ("postgresql", "postgres"):
+    if url_parts(url).scheme not in ("postgresql", "postgres"):
         raise BadOption(
             "--store", "grant-reporting needs a PostgreSQL store (SQLite has no roles: give "
             "reporting tools a read-only connection, e.g. sqlite3 'file:ledger.db?mode=ro')"

@@ -217,6 +217,8 @@ def _open(source: str) -> IO[bytes]:
     except OSError as error:
         also = "" if os.sep in source or "." in source else " (nor is it an event type)"
         raise click.BadParameter(f"cannot read {source}: {error.strerror}{also}") from None
+    except ValueError:  # a NUL: no file is named so
+        raise click.BadParameter(f"cannot read {source!r}: a file name holds no NUL") from None
 
 
 def _lines(stream: IO[bytes]) -> Iterator[tuple[int, Any]]:

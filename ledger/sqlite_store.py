@@ -418,7 +418,7 @@ class SQLiteStore:
         keeps beside it while it has it open; without them, a reader would
         make them itself, and they would shut out the file's owner (or,
         where it may make none, it could not read the file): refused."""
-        name = "file:" + quote(os.path.abspath(self.path)) + "?mode=ro"
+        name = "file:" + quote(os.fsencode(os.path.abspath(self.path))) + "?mode=ro"
         if not self.read_only:
             return name
         if _unchangeable(self.path):

@@ -15,7 +15,7 @@ from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager
 from functools import partial
 from typing import Any, NamedTuple, Protocol
-from urllib.parse import unquote, urlsplit
+from urllib.parse import SplitResult, unquote, urlsplit
 from uuid import NAMESPACE_URL, UUID, uuid5
 
 from eventsourcing.persistence import StoredEvent
@@ -333,16 +333,26 @@ def _options(url: str, given: dict[str, list[str]]) -> dict[str, str]:
     return {name: values[0] for name, values in given.items()}
 
 
+def url_parts(url: str) -> SplitResult:
+    """A store URL's parts; StoreUnavailable for a URL that names nothing
+    (malformed, a port out of range, a NUL, which a C library reads as its
+    end). The URL is not shown: it may hold a password."""
+    try:
+        parts = urlsplit(url)
+        parts.port  # noqa: B018 - checks it: out of range raises
+    except ValueError as error:
+        raise StoreUnavailable(f"cannot open store: the URL is malformed ({error})") from None
+    if "\x00" in url:
+        raise StoreUnavailable("cannot open store: the URL is malformed (it holds a NUL character)")
+    return parts
+
+
 def open_store(url: str | None = None, create: bool = True) -> Store:
     """Open the store a URL names; create it if needed, or with ``create``
     false refuse one that holds no ledger yet (a mistyped path or schema
     must not read as an empty, valid ledger)."""
     url = store_url(url)
-    try:
-        parts = urlsplit(url)
-        parts.port  # noqa: B018 - checks it: out of range raises
-    except ValueError as error:  # the URL is not shown: it may hold a password
-        raise StoreUnavailable(f"cannot open store: the URL is malformed ({error})") from None
+    parts = url_parts(url)
     options = _options(url, _parameters(parts.query))
     if parts.scheme == "sqlite":
         from ledger.sqlite_store import SQLiteStore
@@ -357,6 +367,8 @@ def open_store(url: str | None = None, create: bool = True) -> Store:
             )
         return SQLiteStore(url, head[10:], options, create)
     if parts.scheme in ("postgresql", "postgres"):
+        if any("\ud800" <= char <= "\udfff" for char in url):  # bytes not UTF-8, escaped
+            raise StoreUnavailable("cannot open store: the PostgreSQL URL is not UTF-8 text")
         try:
             from ledger.postgres_store import PostgresStore
         except ImportError as error:

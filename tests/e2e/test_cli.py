@@ -1135,6 +1135,12 @@ def test_a_bad_sqlite_url_parameter_exits_3_naming_it(tmp_path, query, message):
     ("sqlite:///x.db?timeout=1e300",
      ("cannot open store sqlite:///x.db?timeout=1e300: timeout=1e300 must be at most 86400 seconds "
      "(a day)")),
+    # a NUL ends a C string: libpq would connect to the database named by the user's name
+    ("postgresql://ops:secret@127.0.0.1/db\x00", (
+        "cannot open store: the URL is malformed (it holds a NUL character)")),
+    ("sqlite:///x\x00.db", "cannot open store: the URL is malformed (it holds a NUL character)"),
+    ("postgresql://ops@127.0.0.1/te\udcffst",
+     "cannot open store: the PostgreSQL URL is not UTF-8 text"),
 ])
 def test_a_malformed_store_url_exits_3_in_one_line_without_its_password(tmp_path, url, message):
     result = invoke(["--store", url, "query", "nodes"], code=3)
