@@ -80,6 +80,10 @@ def submit(ctx: click.Context, source: str, quiet: bool, batch: int) -> None:
     if source in EVENT_TYPES:
         counts = _submit_one(ctx, source, quiet)
     else:
+        if source.startswith("--") and not os.path.exists(source):
+            raise click.UsageError(
+                f"an event type comes before its flags: alloc-ledger submit TYPE "
+                f"{' '.join([source, *ctx.args])} ({TYPES_NAMED})")
         if ctx.args:
             raise click.UsageError(_extra(source, ctx.args))
         stream = _open(source)

@@ -692,6 +692,10 @@ COMMAND_NAMES = {"submit", "query", "nodes", "allocs", "alloc", "history", "need
         (["submit", "a.jsonl", "b.jsonl", "c.jsonl"],
          ("unexpected extra arguments (b.jsonl c.jsonl): submit reads one stream at a time, "
           "here the file 'a.jsonl'")),
+        (["submit", "--node", "n1"],
+         f"an event type comes before its flags: alloc-ledger submit TYPE --node n1 ({TYPES_NAMED})"),
+        (["submit", "--node"],
+         f"an event type comes before its flags: alloc-ledger submit TYPE --node ({TYPES_NAMED})"),
         (["submit", "heartbeet"],
          ("Invalid value: cannot read heartbeet: No such file or directory "
           "(nor is it an event type)")),
