@@ -75,7 +75,7 @@ def pages_by_rule(sizes: dict[int, int], after: int, upto: int, budget: int, cou
 
 def budgeted(monkeypatch: pytest.MonkeyPatch, store: Store, budget: int, count: int | None = None) -> None:
     """Set the store's page budget (and count), where its ``read_log`` reads them."""
-    module = sys.modules[type(store).__module__]
+    module = sys.modules[type(store).read_log.__module__]
     monkeypatch.setattr(module, "PAGE_BYTES", budget, raising=False)  # (raising: the old code had none)
     if count is not None:
         monkeypatch.setattr(module, "PAGE", count)
