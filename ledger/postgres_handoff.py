@@ -29,7 +29,7 @@ wait grows with the number of writers. Here writers combine instead:
   standby leads at once. If it stops (SIGSTOP, a machine cut off), the
   server ends its lease after ``timeout``/3 idle (the *lease*), and its
   round too: a round reads through a Sync, so the server waits for it idle
-  in its transaction (``ledger.postgres_store.SyncingCursor``). Where it
+  in its transaction (``ledger.postgres_pipeline.SyncingCursor``). Where it
   stopped between two statements, which PostgreSQL 15 does not time, the
   next leader or a writer waiting for it ends it (``STALLED``). Either way
   its batches go back, for the next leader. A batch whose writer's session
@@ -143,7 +143,7 @@ POLL = 0.05  # seconds a writer or an idle leader waits for a notification befor
 RENEW = 0.5  # seconds between a leader's renewals of its lease
 PAYLOAD = 7900  # bytes of receipts a notification carries, else they are in ``outcomes``
 # The lead: an advisory lock in the two-int form, this number and the schema's
-# OID (see ``ledger.postgres_store.SCHEMA_LOCK``), apart from every other
+# OID (see ``ledger.postgres_schema.SCHEMA_LOCK``), apart from every other
 # schema's. Earlier releases took a one-bigint key, a hash of the schema's
 # name, which two schemas could share (and then one of them had no leader):
 # a leader of theirs and one of this release may lead at once, which is safe
@@ -168,7 +168,7 @@ WITHDRAW = (
 # the middle of a transaction whose client has sent nothing for longer than
 # the lease while the server waits for it *active* (ClientRead): between two
 # statements of a pipeline, where PostgreSQL 15 runs no timer (see
-# ``ledger.postgres_store.SyncingCursor``). A leader or writer stopped or cut
+# ``ledger.postgres_pipeline.SyncingCursor``). A leader or writer stopped or cut
 # off there: whoever waits for it ends it, as the server ends one stopped
 # idle in its transaction.
 STALLED = (
