@@ -4,7 +4,7 @@ silently losing what it was for (pyproject bounds the versions too).
 
 - ``psycopg.Cursor._fetch_pipeline``, replaced by ``SyncingCursor`` so a
   pipeline's reads end with a Sync and a stopped writer's transaction is
-  ended by ``idle_in_transaction_session_timeout`` (``ledger/postgres_store.py``);
+  ended by ``idle_in_transaction_session_timeout`` (``ledger/postgres_pipeline.py``);
   it reads the cursor's ``_conn._pipeline`` and ``_execmany_returning``.
 - eventsourcing's ``_max_tracking_id`` and ``_insert_tracking``, through which
   both stores read and write the projections' tracking row inside their own
