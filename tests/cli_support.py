@@ -12,6 +12,25 @@ from click.testing import CliRunner, Result
 
 from commands.cli import cli
 
+# A store in which every question of section 3 has an answer: n1 runs a1
+# (address 10.0.0.5, max_disconnect 60) and misses its heartbeat (a1 needs to
+# reconnect); n2 reports a slot held by a never-placed allocation (a zombie),
+# is suspected, and refuses a placement (a rejection).
+STORY = [
+    {"type": "node-registered", "node": "n1", "slots": 2, "at": "2026-01-01T00:00:00Z"},
+    {"type": "heartbeat", "node": "n1", "at": "2026-01-01T00:00:10Z"},
+    {"type": "alloc-placed", "alloc": "a1", "node": "n1", "job": "web", "slot": 0,
+     "addresses": ["10.0.0.5"], "max_disconnect": 60, "at": "2026-01-01T00:00:20Z"},
+    {"type": "alloc-updated", "alloc": "a1", "client_status": "running",
+     "at": "2026-01-01T00:00:30Z"},
+    {"type": "node-registered", "node": "n2", "slots": 1, "at": "2026-01-01T00:00:40Z"},
+    {"type": "heartbeat", "node": "n2", "slots": [{"slot": 0, "alloc": "ghost"}],
+     "at": "2026-01-01T00:00:50Z"},
+    {"type": "node-suspected", "node": "n2", "reason": "disk", "at": "2026-01-01T00:01:00Z"},
+    {"type": "alloc-placed", "alloc": "a2", "node": "n2", "at": "2026-01-01T00:01:10Z"},
+    {"type": "heartbeat-missed", "node": "n1", "at": "2026-01-01T00:01:20Z"},
+]
+
 
 def invoke(args: list[str], code: int = 0, input: str | bytes | None = None, **kw: Any) -> Result:
     """Run the CLI as ``alloc-ledger``; check the exit code, and that nothing

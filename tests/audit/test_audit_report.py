@@ -209,19 +209,34 @@ def test_a_suspicion_of_a_node_that_is_down_is_told_with_its_own_reason(
     assert [(d["node"], d["reason"]) for d in report["downs"]] == [("n1", "instance gone")]
 
 
+def told(target: StoreUnderTest, timed: list[tuple[float, dict[str, Any]]]) -> None:
+    """Events submitted with their ``at`` (seconds after START), each appended."""
+    with Ledger.open(target.url) as ledger:
+        for seconds, event in timed:
+            assert ledger.submit(json.dumps(event | {"at": at(seconds)})).status == "appended"
+
+
+def expired_as_of(target: StoreUnderTest, position: int) -> list[bool]:
+    """What needs-reconnect --as-of says of each deadline."""
+    result = CliRunner().invoke(cli, ["--store", target.url, "query", "needs-reconnect",
+                                      "--as-of", str(position), "--format", "json"])
+    assert result.exit_code == 0, result.output
+    return [row["expired"] for row in json.loads(result.stdout)]
+
+
+# n1 runs a1, which may be disconnected for 60 s (positions 1-4)
+A1_RUNNING: list[tuple[float, dict[str, Any]]] = [
+    (0, {"type": "node-registered", "node": "n1", "slots": 1}),
+    (1, {"type": "heartbeat", "node": "n1"}),
+    (2, {"type": "alloc-placed", "alloc": "a1", "node": "n1", "slot": 0, "max_disconnect": 60}),
+    (3, {"type": "alloc-updated", "alloc": "a1", "client_status": "running"}),
+]
+
+
 def test_a_reconnect_that_ends_at_its_deadline_is_past_it(under_test: StoreUnderTest) -> None:
     """SPEC §3: expired is deadline <= now; the audit's past_deadline agrees."""
-    with Ledger.open(under_test.url) as ledger:
-        for seconds, event in [
-            (0, {"type": "node-registered", "node": "n1", "slots": 1}),
-            (1, {"type": "heartbeat", "node": "n1"}),
-            (2, {"type": "alloc-placed", "alloc": "a1", "node": "n1", "slot": 0,
-                 "max_disconnect": 60}),
-            (3, {"type": "alloc-updated", "alloc": "a1", "client_status": "running"}),
-            (10, {"type": "heartbeat-missed", "node": "n1"}),
-            (70, {"type": "node-down", "node": "n1"}),
-        ]:
-            assert ledger.submit(json.dumps(event | {"at": at(seconds)})).status == "appended"
+    told(under_test, [*A1_RUNNING, (10, {"type": "heartbeat-missed", "node": "n1"}),
+                      (70, {"type": "node-down", "node": "n1"})])
 
     reconnect = audited(under_test)["reconnects"][0]
 
@@ -236,27 +251,16 @@ def test_an_ongoing_reconnect_is_past_its_deadline_where_needs_reconnect_says_ex
     docs/queries.md: needs-reconnect --as-of P judges at the latest `at` up to
     P. A last event carrying an earlier `at` (allowed) must not make the audit
     of the same range call an expired deadline not reached."""
-    with Ledger.open(under_test.url) as ledger:
-        for seconds, event in [
-            (0, {"type": "node-registered", "node": "n1", "slots": 1}),
-            (0, {"type": "node-registered", "node": "n2", "slots": 1}),
-            (1, {"type": "heartbeat", "node": "n1"}),
-            (2, {"type": "alloc-placed", "alloc": "a1", "node": "n1", "slot": 0,
-                 "max_disconnect": 60}),
-            (3, {"type": "alloc-updated", "alloc": "a1", "client_status": "running"}),
-            (10, {"type": "heartbeat-missed", "node": "n1"}),  # 6: a1 unknown, deadline 70
-            (1800, {"type": "heartbeat", "node": "n2"}),  # 7
-            (15, {"type": "heartbeat", "node": "n2"}),  # 8: a late report
-        ]:
-            assert ledger.submit(json.dumps(event | {"at": at(seconds)})).status == "appended"
+    told(under_test, [
+        *A1_RUNNING,
+        (0, {"type": "node-registered", "node": "n2", "slots": 1}),  # 5
+        (10, {"type": "heartbeat-missed", "node": "n1"}),  # 6: a1 unknown, deadline 70
+        (1800, {"type": "heartbeat", "node": "n2"}),  # 7
+        (15, {"type": "heartbeat", "node": "n2"}),  # 8: a late report
+    ])
 
-    result = CliRunner().invoke(cli, ["--store", under_test.url, "query", "needs-reconnect",
-                                      "--as-of", "8", "--format", "json"])
-    assert result.exit_code == 0, result.output
-    assert [row["expired"] for row in json.loads(result.stdout)] == [True]
-
+    assert expired_as_of(under_test, 8) == [True]
     reconnect = audited(under_test)["reconnects"][0]
-
     assert (reconnect["ongoing"], reconnect["past_deadline"]) == (True, True), reconnect
 
 
@@ -265,27 +269,13 @@ def test_a_reconnect_that_ends_a_fraction_of_a_millisecond_before_its_deadline_i
 ) -> None:
     """SPEC §3: expired is deadline <= now, and docs/audit.md says past_deadline
     is judged as needs-reconnect says expired. Unknown at 10.5 s with
-    max_disconnect 60: the deadline is 70.5 s; a reconnect at 70.4996 s came
-    before it. Fails on main: past_deadline is `seconds >= max_disconnect`,
-    with seconds rounded to the millisecond (59.9996 -> 60.0), so the audit
-    calls past its deadline what needs-reconnect --as-of calls not expired."""
-    with Ledger.open(under_test.url) as ledger:
-        for seconds, event in [
-            (0, {"type": "node-registered", "node": "n1", "slots": 1}),
-            (1, {"type": "heartbeat", "node": "n1"}),
-            (2, {"type": "alloc-placed", "alloc": "a1", "node": "n1", "slot": 0,
-                 "max_disconnect": 60}),
-            (3, {"type": "alloc-updated", "alloc": "a1", "client_status": "running"}),
-            (10.5, {"type": "heartbeat-missed", "node": "n1"}),  # 5: deadline 70.5
-            (70.4996, {"type": "heartbeat", "node": "n1"}),  # 6: still waiting, before it
-        ]:
-            assert ledger.submit(json.dumps(event | {"at": at(seconds)})).status == "appended"
+    max_disconnect 60: the deadline is 70.5 s; a heartbeat at 70.4996 s came
+    before it. past_deadline was once `seconds >= max_disconnect`, with
+    seconds rounded to the millisecond (59.9996 -> 60.0), so the audit called
+    past its deadline what needs-reconnect --as-of called not expired."""
+    told(under_test, [*A1_RUNNING, (10.5, {"type": "heartbeat-missed", "node": "n1"}),  # 5
+                      (70.4996, {"type": "heartbeat", "node": "n1"})])  # 6: before the deadline
 
-    result = CliRunner().invoke(cli, ["--store", under_test.url, "query", "needs-reconnect",
-                                      "--as-of", "6", "--format", "json"])
-    assert result.exit_code == 0, result.output
-    assert [row["expired"] for row in json.loads(result.stdout)] == [False]
-
+    assert expired_as_of(under_test, 6) == [False]
     reconnect = audited(under_test)["reconnects"][0]
-
     assert (reconnect["ongoing"], reconnect["past_deadline"]) == (True, False), reconnect
