@@ -138,3 +138,5 @@ def _write(
     except BaseException:
         ledger.forget()
         raise
+    finally:  # also when its transaction never began: the stream goes on to the error
+        flying.decided.set()

@@ -292,6 +292,15 @@ def _unclaimed(path: str) -> bool:
     return False
 
 
+def _identity(path: str) -> tuple[int, int] | None:
+    """Which file a path leads to (device, inode); None if none."""
+    try:
+        found = os.stat(path)
+    except OSError:
+        return None
+    return found.st_dev, found.st_ino
+
+
 class _NameTooLong(OSError):
     """The file system refuses a name so long (ENAMETOOLONG)."""
 
@@ -311,8 +320,12 @@ def _opened_to_lock(path: str) -> int:
 
 def describe(error: BaseException, path: str = "") -> str:
     text = (str(error.__cause__ or error) or type(error).__name__).splitlines()[0]
-    if path and text == "unable to open database file":  # SQLite's words, for any reason
-        folder = os.path.dirname(os.path.abspath(path))
+    folder = os.path.dirname(os.path.abspath(path)) if path else ""
+    # SQLite's words for any reason; and for a file this user may write in a
+    # folder where it may not make the WAL files beside it
+    if path and (text == "unable to open database file" or (
+        text == "attempt to write a readonly database" and not os.access(folder, os.W_OK)
+    )):
         return f"{text} {os.path.abspath(path)} (may this user create files in {folder}?)"
     if text == "database is locked":  # SQLite's busy timeout ran out
         return (f"{text}: another connection held it longer than the URL's timeout (a "
@@ -368,7 +381,9 @@ class SQLiteStore:
             self.datastore = SQLiteDatastore(
                 reading if self.read_only else path, lock_timeout=int(timeout) or 1)
             self.recorder = SQLiteProcessRecorder(self.datastore)
+            self._file: tuple[int, int] | None = None  # the file every write goes to
             self._create_schema_waiting(timeout)
+            self._file = self._file or _identity(path)
         except (PersistenceError, sqlite3.Error) as error:
             raise StoreUnavailable(f"cannot open store {url}: {describe(error, path)}") from None
 
@@ -519,6 +534,7 @@ class SQLiteStore:
                 cursor.execute(f"PRAGMA journal_size_limit = {int(WAL_LIMIT)}")
                 try:
                     cursor.execute("BEGIN IMMEDIATE")
+                    self._still_the_file()
                     yield cursor
                 except BaseException:
                     cursor.connection.rollback()
@@ -527,6 +543,22 @@ class SQLiteStore:
                 self._fold_back(cursor)
         except (sqlite3.Error, PersistenceError) as error:  # the cause kept: see _busy
             raise StoreUnavailable(f"store {self.url}: {describe(error, self.path)}") from error
+
+    def _still_the_file(self) -> None:
+        """Under the write lock: the path leads to the file this store opened.
+        Removed, the file's connections would go on writing into a file no
+        path leads to; replaced (a backup moved over it), into it through
+        the old file's WAL files. Either way, what is reported appended would
+        be lost."""
+        now = _identity(self.path)
+        if self._file is None:  # the store's first write, which made the file
+            self._file = now
+        elif now != self._file:
+            what = "removed" if now is None else "replaced by another file"
+            raise StoreUnavailable(
+                f"store {self.url}: {os.path.abspath(self.path)} was {what} while this "
+                "process had it open; nothing more is written through it (open the store "
+                "again)")
 
     def _writable(self) -> None:
         if self.read_only:

@@ -258,6 +258,54 @@ READING = [
 ]
 
 
+def test_a_writable_ledger_in_a_folder_this_user_may_not_write_is_named_so(
+    tmp_path: Path,
+) -> None:
+    """``chmod 555`` on the folder, the file still writable: SQLite can make
+    no WAL file beside it, and says ``attempt to write a readonly database``
+    of a file this user may write (helper-403). The line should point at the
+    folder, as it does for ``chattr +i`` (docs/sqlite.md)."""
+    folder = tmp_path / "shut"
+    folder.mkdir()
+    target = sqlite_store(folder)
+    with Ledger.open(target.url) as ledger:
+        list(ledger.submit_many(texts(history(20))))
+    folder.chmod(0o555)
+    try:
+        for args in (("query", "nodes"), ("submit", "heartbeat", "--node", "n1")):
+            refused = as_another_user(*args, url=target.url)
+            assert refused.returncode == 3, refused.stderr
+            line = one_line_error(refused.stderr)
+            assert f"may this user create files in {folder}?" in line, line
+    finally:
+        folder.chmod(0o755)
+
+
+def test_wal_files_this_user_may_not_write_end_a_stream_of_many_batches_with_exit_3(
+    tmp_path: Path,
+) -> None:
+    """WAL files beside the ledger that its owner may not write (made by a
+    reader of another user, docs/sqlite.md): a one-shot submit exits 3; a
+    stream of more than one batch waited for good (helper-403)."""
+    target = sqlite_store(tmp_path)
+    with Ledger.open(target.url) as ledger:
+        list(ledger.submit_many(texts(history(20))))
+    path: Path = target.path  # type: ignore[assignment]
+    for end in ("-wal", "-shm"):
+        Path(f"{path}{end}").write_bytes(b"")
+        Path(f"{path}{end}").chmod(0o444)
+    stream = tmp_path / "stream.jsonl"
+    stream.write_bytes(jsonl(history(50)))
+    argv = bound_by_file_modes(
+        [*CLI, "--store", target.url, "submit", str(stream), "--batch", "10"])
+    try:
+        refused = subprocess.run(argv, capture_output=True, timeout=30, check=False)
+    except subprocess.TimeoutExpired:
+        pytest.fail("submit of several batches hangs where it may not write the WAL files")
+    assert refused.returncode == 3
+    one_line_error(refused.stderr)
+
+
 # -- a locked database --------------------------------------------------------------
 
 
@@ -287,6 +335,29 @@ def test_a_locked_database_exits_3_after_the_timeout(tmp_path: Path) -> None:
     assert refused.returncode == 3
     assert "locked" in one_line_error(refused.stderr)
     assert waited < 8
+    assert target.sql("SELECT COUNT(*) FROM stored_events")[0][0] == 0
+    resubmitted_cleanly(target, stream, 0, 50)
+
+
+def test_a_locked_database_ends_a_stream_of_many_batches_with_exit_3(tmp_path: Path) -> None:
+    """As above, with more than one batch: the first, decided in the writer
+    thread, never begins its transaction, and the next waits to be decided
+    after it (helper-403: it waited for good, SIGTERM too, and a second
+    SIGTERM was needed)."""
+    target = sqlite_store(tmp_path)
+    open_store(target.url).close()
+    stream = tmp_path / "stream.jsonl"
+    stream.write_bytes(jsonl(history(50)))
+
+    with locked(target.path):  # type: ignore[arg-type]
+        try:
+            refused = run("submit", str(stream), "--batch", "10", url=f"{target.url}?timeout=1",
+                          timeout=20)
+        except subprocess.TimeoutExpired:
+            pytest.fail("submit of several batches hangs on a locked database")
+
+    assert refused.returncode == 3
+    assert "locked" in one_line_error(refused.stderr)
     assert target.sql("SELECT COUNT(*) FROM stored_events")[0][0] == 0
     resubmitted_cleanly(target, stream, 0, 50)
 
@@ -342,6 +413,34 @@ def test_a_lock_taken_mid_stream_exits_3_and_keeps_what_was_acknowledged(
     stream = tmp_path / "stream.jsonl"
     stream.write_bytes(jsonl(events))
     resubmitted_cleanly(target, stream, 5, 40)
+
+
+@pytest.mark.parametrize("how", ["removed", "replaced"])
+def test_a_store_file_removed_or_replaced_mid_stream_is_not_written_on(
+    tmp_path: Path, how: str,
+) -> None:
+    """The store's file removed (``rm``) or replaced (a backup moved over it)
+    while ``submit -`` runs: later events must not be reported appended into
+    a file no path leads to any more, nor through the old file's WAL files
+    into the new one (helper-403: they were, exit 0, and lost)."""
+    target = sqlite_store(tmp_path)
+    events = history(40)
+    producer = Producer(target.url)
+    for event in events[:5]:
+        assert producer.send(event)["status"] == "appended"
+    path: Path = target.path  # type: ignore[assignment]
+    if how == "removed":
+        path.unlink()
+    else:
+        other = tmp_path / "other.db"
+        shutil.copyfile(path, other)  # as a backup taken a moment ago would be
+        other.replace(path)
+
+    code, stderr = producer.finish(events[5:])
+
+    assert code == 3, producer.reports[5:7]
+    one_line_error(stderr)
+    assert [r["status"] for r in producer.reports[5:]] == []
 
 
 # -- a full disk ---------------------------------------------------------------------

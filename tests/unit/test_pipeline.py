@@ -280,6 +280,41 @@ def test_a_batch_the_writer_decides_that_fails_lets_the_stream_end_with_its_erro
             assert ledger.store.head(cursor) == 0
 
 
+def test_a_first_batch_whose_transaction_cannot_begin_lets_the_stream_end_with_its_error(
+    tmp_path: Path,
+) -> None:
+    """The first batch is decided in the writer thread, but its write
+    transaction never begins (``BEGIN IMMEDIATE`` past the lock's timeout, a
+    ``-shm`` this user may not write): the next batch waits to be decided
+    after it, and must not wait for good (helper-403: ``submit FILE`` of more
+    than one batch hung, even past SIGTERM, where one batch exits 3)."""
+    with open_ledger(tmp_path) as ledger:
+        writing = ledger.store.writing
+        calls = iter(range(1, 1 << 30))
+
+        def refused() -> Any:
+            if next(calls) == 1:
+                raise StoreUnavailable("store: database is locked")
+            return writing()
+
+        ledger.store.writing = refused  # type: ignore[method-assign]
+        ended: list[BaseException] = []
+
+        def consume() -> None:
+            try:
+                list(ledger.submit_batches([SETUP, [{"type": "heartbeat", "node": "n1"}]]))
+            except BaseException as error:  # noqa: BLE001 - what the stream ended with
+                ended.append(error)
+
+        thread = threading.Thread(target=consume, daemon=True)
+        thread.start()
+        thread.join(10)
+        assert not thread.is_alive(), "the stream waits for good after a batch never began"
+        assert [type(e) for e in ended] == [StoreUnavailable]
+        with ledger.store.reading() as cursor:
+            assert ledger.store.head(cursor) == 0
+
+
 def test_every_batch_after_the_first_is_decided_while_the_one_before_commits(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
 ) -> None:
