@@ -422,6 +422,39 @@ def test_history_of_an_address_lists_a_refused_early_removal_of_its_holder(clust
     ]
 
 
+def query(cluster, *args: str) -> Any:
+    result = invoke(["--store", cluster.url, "query", *args, "--format", "json"])
+    return json.loads(result.stdout)
+
+
+def test_suspects_lists_suspect_and_down_nodes_but_not_removed_ones(cluster):
+    """SPEC section 3: nodes with health suspect, nodes down; README: a
+    removed node leaves it, suspect or not."""
+    for node in ("n1", "n2", "n3"):
+        cluster.ready_node(node)
+    for node in ("n1", "n3"):
+        cluster.happens("node-suspected", node=node, reason="disk errors")
+    cluster.happens("node-down", node="n2", reason="instance gone")
+    cluster.happens("node-removed", node="n3")
+
+    assert [(row["node"], row["health"], row["status"]) for row in query(cluster, "suspects")] == [
+        ("n1", "suspect", "ready"), ("n2", "ok", "down")]
+
+
+def test_allocs_leaves_out_a_reaped_allocation_and_alloc_still_shows_it(cluster):
+    """SPEC: alloc-removed reaps the allocation from the live tables; its
+    history stays."""
+    cluster.ready_node("n1")
+    cluster.place("a1", "n1")
+    cluster.place("a2", "n1")
+    cluster.report("a1", "complete")
+    cluster.happens("alloc-removed", alloc="a1")
+
+    assert [row["alloc"] for row in query(cluster, "allocs")] == ["a2"]
+    assert [row["alloc"] for row in query(cluster, "allocs", "--node", "n1")] == ["a2"]
+    assert query(cluster, "alloc", "a1")["removed"] is True
+
+
 def test_history_of_an_allocation_and_an_address_whose_names_hold_a_hash_sign(cluster):
     """Only a node's name may not hold '#': an allocation web#blue and an
     address port#8080 have their histories, apart from the slot n1#0's.

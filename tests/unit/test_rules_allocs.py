@@ -138,6 +138,23 @@ def test_a_slot_held_by_another_allocation_is_not_given_away(cluster):
     assert cluster.rows("SELECT alloc FROM allocations") == [{"alloc": "a2"}]
 
 
+def test_a_placement_refused_for_a_held_slot_or_address_is_in_the_holders_history(cluster):
+    """docs/queries.md: a refused placement is also in the history of the
+    allocations that held the slot or addresses it asked for."""
+    cluster.ready_node("n1", slots=1)
+    cluster.place("a2", "n1", slot=0)
+    cluster.place("t1", "n1", addresses=["10.0.0.5"])
+
+    for_slot = cluster.submit("alloc-placed", alloc="a1", node="n1", slot=0).position
+    for_address = cluster.submit(
+        "alloc-placed", alloc="t2", node="n1", addresses=["10.0.0.5"]).position
+
+    assert [(row["position"], row["status"]) for row in history(cluster.ledger.store, "a2")][
+        -1:] == [(for_slot, "rejected")]
+    assert [(row["position"], row["status"]) for row in history(cluster.ledger.store, "t1")][
+        -1:] == [(for_address, "rejected")]
+
+
 def test_an_allocation_holding_a_slot_cannot_take_another(cluster):
     """The Flink fix: one AllocationID, one slot."""
     cluster.ready_node("n1", slots=2)
@@ -289,6 +306,51 @@ def test_a_slot_is_free_again_once_its_allocation_is_terminal(cluster):
     cluster.place("a2", "n1", slot=0)
 
     assert cluster.slot_state("n1", 0) == ("allocated", "a2")
+
+
+def test_a_rejection_about_a_finished_allocation_is_not_in_the_history_of_its_old_address(
+    cluster,
+):
+    """docs/queries.md: a rejection about an allocation is in the history of
+    the addresses it held then, not of those it gave back (now t2's)."""
+    cluster.ready_node("n1")
+    placed = cluster.place("t1", "n1", addresses=["10.0.0.5"])
+    released = cluster.report("t1", "complete")
+    taken = cluster.place("t2", "n1", addresses=["10.0.0.5"])
+
+    late = cluster.submit("alloc-updated", alloc="t1", client_status="running").position
+
+    assert [row["position"] for row in history(cluster.ledger.store, "10.0.0.5")] == [
+        placed, released, taken]
+    assert late in [row["position"] for row in history(cluster.ledger.store, "n1")]
+
+
+def test_a_slot_freed_by_a_terminal_status_is_free_since_that_update(cluster):
+    cluster.ready_node("n1", slots=1)
+    cluster.running("a1", "n1", slot=0)
+
+    finished = cluster.report("a1", "complete")
+
+    slot = cluster.slot("n1", 0)
+    assert (slot["state"], slot["alloc"], slot["since_position"]) == ("free", None, finished)
+
+
+def test_a_stop_request_for_a_finished_allocation_leaves_its_old_address_to_the_new_holder(
+    cluster,
+):
+    """The address went to t2 once t1 was terminal: a late stop or remove
+    request for t1 does not make t2's hold ``releasing``."""
+    cluster.ready_node("n1")
+    cluster.running("t1", "n1", addresses=["10.0.0.5"])
+    cluster.report("t1", "complete")
+    taken = cluster.place("t2", "n1", addresses=["10.0.0.5"])
+
+    cluster.happens("alloc-stop-requested", alloc="t1")
+    cluster.happens("alloc-remove-requested", alloc="t1")
+
+    assert cluster.one("SELECT alloc, state, since_position FROM addresses") == {
+        "alloc": "t2", "state": "held", "since_position": taken
+    }
 
 
 def test_placing_the_same_allocation_again_is_a_duplicate_and_appends_nothing(cluster):
@@ -517,6 +579,19 @@ def test_a_terminal_status_frees_the_slot_and_the_addresses(cluster, final):
     assert cluster.slot_state("n1", 0) == ("free", None)
     assert cluster.rows("SELECT * FROM addresses") == []
     assert cluster.alloc("a1")["client_status"] == final
+
+
+def test_a_status_report_is_in_the_history_of_the_node_that_reported_it(cluster):
+    """alloc-updated is the node reporting its allocation (Nomad
+    ``Node.UpdateAlloc``): its node's history lists it, though it names only
+    the allocation and changes nothing else of the node."""
+    cluster.ready_node("n1")
+    placed = cluster.place("a1", "n1")
+
+    reported = cluster.report("a1", "running")
+
+    assert [row["position"] for row in history(cluster.ledger.store, "n1")][-2:] == [
+        placed, reported]
 
 
 def test_a_failure_blamed_on_the_node_marks_the_node_suspect(cluster):
@@ -780,6 +855,23 @@ def test_slots_used_goes_down_when_a_slot_is_freed(cluster, events, left):
         cluster.happens(kind, **fields)
 
     assert used(cluster) == (left, left)
+
+
+@pytest.mark.parametrize(("events", "left"), FREED)
+def test_allocs_goes_down_when_an_allocation_is_terminal(cluster, events, left):
+    """SPEC section 3, ``nodes``: allocs counts the node's live allocations,
+    with a slot or without."""
+    cluster.ready_node("host")
+    cluster.ready_node("n1", slots=3, parent="host")
+    cluster.running("a1", "n1", slot=0)
+    cluster.place("a2", "n1", slot=1)
+    cluster.place("a3", "n1")  # holds no slot
+    assert cluster.node("n1")["allocs"] == 3
+
+    for kind, fields in events:
+        cluster.happens(kind, **fields)
+
+    assert cluster.node("n1")["allocs"] == (2 if left else 0)  # a2 and a3, unless n1 is gone
 
 
 def test_slots_used_keeps_the_slot_of_an_allocation_waiting_to_reconnect(cluster):

@@ -167,6 +167,21 @@ def test_more_heartbeats_keep_a_returning_node_initializing_until_it_reports(clu
     assert cluster.status("n1") == "initializing"
 
 
+def test_more_heartbeats_of_an_initializing_node_leave_its_status_since_where_it_was(cluster):
+    """``since_position`` says since when the node has its status: the
+    heartbeat that brought it back, not the latest one."""
+    cluster.ready_node("n1")
+    cluster.running("a1", "n1", max_disconnect=300)
+    cluster.happens("heartbeat-missed", node="n1")
+    back = cluster.happens("heartbeat", node="n1")
+
+    latest = cluster.happens("heartbeat", node="n1")
+
+    node = cluster.node("n1")
+    assert (node["status"], node["since_position"]) == ("initializing", back)
+    assert node["last_heartbeat_position"] == latest
+
+
 def reported(cluster, node):
     found = cluster.rows(
         "SELECT slot, reported_alloc, reported_position FROM slots WHERE node = ? ORDER BY slot",
@@ -766,6 +781,21 @@ def test_a_heartbeat_does_not_bring_back_a_node_whose_parent_chain_is_gone(clust
         "parent node wc2 is down")
 
 
+def test_a_heartbeat_does_not_bring_back_a_node_whose_parent_was_removed(cluster):
+    """The nearest node of its parent chain that is gone may be removed, not
+    down: the working copy of a removed host stays down too."""
+    family(cluster)
+    cluster.happens("node-removed", node="host")
+
+    position = cluster.happens("heartbeat", node="wc1")  # right under the removed host
+
+    node = cluster.node("wc1")
+    assert (node["status"], node["reason"]) == ("down", "parent host was removed")
+    assert node["last_heartbeat_position"] == position
+    assert cluster.refused("alloc-placed", alloc="lease-9", node="wc1", slot=0) == (
+        "node wc1 is not ready (status down); it takes no placements")
+
+
 def test_under_rules_1_the_cascade_reaches_a_grandchild_back_behind_a_child_down(cluster):
     """Rules 1 let a node come back under a parent that was down; in a log
     they kept, a later cascade still reaches it."""
@@ -837,6 +867,21 @@ def test_a_removed_node_cannot_go_down(cluster):
 # -- node-removed -----------------------------------------------------------
 
 
+def test_a_removed_child_stays_removed_when_its_parent_goes_down(cluster):
+    """The cascade passes over a removed node: removal is for good (later
+    events for it are still rejected)."""
+    family(cluster)
+    removed = cluster.happens("node-removed", node="wc1")
+    assert cluster.node("wc2")["reason"] == "parent wc1 was removed"
+
+    cluster.happens("node-down", node="host", reason="resource vanished")
+
+    wc1 = cluster.node("wc1")
+    assert (wc1["status"], wc1["reason"], wc1["since_position"]) == ("removed", None, removed)
+    assert cluster.node("wc2")["reason"] == "parent wc1 was removed"
+    assert cluster.refused("heartbeat", node="wc1") == "node wc1 has been removed"
+
+
 def test_a_removed_node_loses_its_allocations(cluster):
     cluster.ready_node("n1", slots=1)
     cluster.running("a1", "n1", slot=0, addresses=["10.0.0.5"])
@@ -881,6 +926,41 @@ def test_a_node_going_down_cascades_to_children_registered_before_the_store_was_
         "host": ("down", position), "wc1": ("down", position), "wc2": ("down", position),
         "other": ("ready", 8)}
     assert cluster.alloc("lease-wc2")["client_status"] == "lost"
+
+
+def test_a_disconnected_node_still_waits_for_its_allocation_after_the_store_is_reopened(
+    cluster,
+):
+    """Which allocations wait to reconnect is read back from the tables when
+    the caches are cold: the node returns initializing (Nomad #15808), and the
+    allocation's update reconnects it."""
+    cluster.ready_node("n1", slots=2)
+    cluster.running("a1", "n1", slot=0, max_disconnect=60)
+    missed = cluster.happens("heartbeat-missed", node="n1")
+    cluster.reopen()
+
+    cluster.happens("heartbeat", node="n1")
+
+    assert cluster.status("n1") == "initializing"
+    assert cluster.needing_reconnect() == ["a1"]
+    reported = cluster.report("a1", "running")
+    assert cluster.states("a1") == [("unknown", missed), ("running", reported)]
+    assert cluster.status("n1") == "ready"
+
+
+def test_a_node_down_after_the_store_is_reopened_took_what_it_lost_at_the_disconnect(cluster):
+    cluster.ready_node("n1", slots=2)
+    cluster.running("a1", "n1", slot=0, max_disconnect=60)
+    cluster.running("a2", "n1", slot=1)
+    cluster.happens("heartbeat-missed", node="n1")
+    cluster.reopen()
+
+    position = cluster.happens("node-down", node="n1", reason="max disconnect expired")
+
+    node = cluster.node("n1")
+    assert (node["status"], json.loads(node["lost_allocs"])) == ("down", ["a1", "a2"])
+    assert cluster.alloc("a1")["client_status"] == "lost"
+    assert cluster.states("a1")[-1] == ("lost", position)
 
 
 def test_a_suspect_node_keeps_its_health_reason_through_a_change_after_the_store_is_reopened(
@@ -1043,10 +1123,11 @@ def test_a_passed_health_check_makes_a_suspect_node_healthy_again(cluster):
     cluster.ready_node("n1", slots=1)
     cluster.happens("node-suspected", node="n1", reason="disk errors")
 
-    cluster.happens("health-checked", node="n1", passed=True)
+    cleared = cluster.happens("health-checked", node="n1", passed=True)
 
     node = cluster.node("n1")
-    assert (node["health"], node["status"], node["reason"]) == ("ok", "ready", None)
+    assert (node["health"], node["status"], node["reason"], node["since_position"]) == (
+        "ok", "ready", None, cleared)
     cluster.place("a1", "n1", slot=0)
     assert cluster.slot_state("n1", 0) == ("allocated", "a1")
 
