@@ -30,6 +30,7 @@ imported from outside them, when a PostgreSQL store is opened
 
 from __future__ import annotations
 
+import os
 import threading
 from typing import Any
 from urllib.parse import SplitResult, unquote
@@ -121,7 +122,10 @@ class PostgresStore(PostgresLog, PostgresReporting, PostgresSchema):
         self.handoff = Handoff(self, self._seconds(options, "timeout", 30))
         # Sessions are named in pg_stat_activity (the URL's name, if it gives one).
         self.named = "application_name" not in options
-        extra = {"options": f"-c search_path={self.schema}", "application_name": APPLICATION}
+        # Added to PGOPTIONS, which libpq reads only when no options are given.
+        given = os.environ.get("PGOPTIONS", "")
+        extra = {"options": f"{given} -c search_path={self.schema}".strip(),
+                 "application_name": APPLICATION}
         extra.update((k, v) for k, v in options.items() if k in LIBPQ_OPTIONS)
         self.extra = extra
         self._check_and_create(timeout, extra)

@@ -346,7 +346,10 @@ class SQLiteStore:
 
     def __init__(self, url: str, path: str, options: dict[str, str], create: bool = True) -> None:
         self.url = url
-        self.path = path
+        self.path = path  # as the URL names it, in messages
+        # what every connection, check and claim opens: the same file after
+        # the process changes its working directory (a service's chdir)
+        self.file = os.path.abspath(path)
         self.stream = LEDGER_STREAM.hex
         timeout = self.lock_wait = self._timeout(options)
         if not path or SQLiteConnectionPool.detect_memory_mode(path):
@@ -379,11 +382,11 @@ class SQLiteStore:
             self._fold_at = 0  # the WAL's size that is folded back (0: WAL_LIMIT)
             self._commits = 0  # a store's first commit folds back without waiting
             self.datastore = SQLiteDatastore(
-                reading if self.read_only else path, lock_timeout=int(timeout) or 1)
+                reading if self.read_only else self.file, lock_timeout=int(timeout) or 1)
             self.recorder = SQLiteProcessRecorder(self.datastore)
             self._file: tuple[int, int] | None = None  # the file every write goes to
             self._create_schema_waiting(timeout)
-            self._file = self._file or _identity(path)
+            self._file = self._file or _identity(self.file)
         except (PersistenceError, sqlite3.Error) as error:
             raise StoreUnavailable(f"cannot open store {url}: {describe(error, path)}") from None
 
@@ -433,7 +436,7 @@ class SQLiteStore:
         keeps beside it while it has it open; without them, a reader would
         make them itself, and they would shut out the file's owner (or,
         where it may make none, it could not read the file): refused."""
-        name = "file:" + quote(os.fsencode(os.path.abspath(self.path))) + "?mode=ro"
+        name = "file:" + quote(os.fsencode(self.file)) + "?mode=ro"
         if not self.read_only:
             return name
         if _unchangeable(self.path):
@@ -542,7 +545,7 @@ class SQLiteStore:
                 cursor.connection.commit()
                 self._fold_back(cursor)
         except (sqlite3.Error, PersistenceError) as error:  # the cause kept: see _busy
-            raise StoreUnavailable(f"store {self.url}: {describe(error, self.path)}") from error
+            raise StoreUnavailable(f"store {self.url}: {describe(error, self.file)}") from error
 
     def _still_the_file(self) -> None:
         """Under the write lock: the path leads to the file this store opened.
@@ -550,13 +553,13 @@ class SQLiteStore:
         path leads to; replaced (a backup moved over it), into it through
         the old file's WAL files. Either way, what is reported appended would
         be lost."""
-        now = _identity(self.path)
-        if self._file is None:  # the store's first write, which made the file
+        now = _identity(self.file)
+        if self._file is None and now is not None:  # the store's first write made the file
             self._file = now
         elif now != self._file:
             what = "removed" if now is None else "replaced by another file"
             raise StoreUnavailable(
-                f"store {self.url}: {os.path.abspath(self.path)} was {what} while this "
+                f"store {self.url}: {self.file} was {what} while this "
                 "process had it open; nothing more is written through it (open the store "
                 "again)")
 
@@ -580,7 +583,7 @@ class SQLiteStore:
         another ``WAL_LIMIT``. The batch is committed whatever happens here."""
         waits, self._commits = (FOLD_WAIT if self._commits else 0), self._commits + 1
         try:
-            size = os.path.getsize(os.path.realpath(self.path) + "-wal")
+            size = os.path.getsize(os.path.realpath(self.file) + "-wal")
         except OSError:
             return
         if size <= (self._fold_at or WAL_LIMIT):
@@ -644,7 +647,7 @@ class SQLiteStore:
         opens the same file (other containers sharing the volume too; SQLite's
         own locks do not hold across machines either)."""
         self._writable()  # nothing made beside a file no one may change
-        base = os.path.realpath(self.path)
+        base = os.path.realpath(self.file)
         path, descriptor = self._claim(base, prefix)
         try:
             yield partial(_abandoned, base)
@@ -704,7 +707,7 @@ class SQLiteStore:
             with self._connection(commit=False) as pooled, pooled.transaction(commit=False) as cursor:
                 yield cursor.sqlite_cursor
         except (sqlite3.Error, PersistenceError) as error:  # the cause kept: see _busy
-            raise StoreUnavailable(f"store {self.url}: {describe(error, self.path)}") from error
+            raise StoreUnavailable(f"store {self.url}: {describe(error, self.file)}") from error
 
     def load_nodes(self, cursor: Any, sql: Any, cluster: Any, nodes: set[str]) -> None:
         pass  # never called (``loads_many``): the cluster loads them one by one

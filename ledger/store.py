@@ -342,7 +342,7 @@ def url_parts(url: str) -> SplitResult:
         parts.port  # noqa: B018 - checks it: out of range raises
     except ValueError as error:
         raise StoreUnavailable(f"cannot open store: the URL is malformed ({error})") from None
-    if "\x00" in url:
+    if "\x00" in unquote(url):  # %00 too: the parts are read unquoted
         raise StoreUnavailable("cannot open store: the URL is malformed (it holds a NUL character)")
     return parts
 

@@ -109,8 +109,9 @@ def answering(store: Store, point: AsOf | None = None, wait: bool = False) -> It
     with store.reading() as cursor:
         head, tracked = store.head(cursor), store.tracked(cursor)
         # "not in the ledger" is then said of the tables' position, not of the log's
+        # (tables past the head, its last events deleted: as of the tables)
         yield Answers(Queries.of(store, cursor), tracked if head > tracked else None,
-                      behind=head - tracked)
+                      behind=max(0, head - tracked))
 
 
 @contextmanager

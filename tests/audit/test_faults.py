@@ -443,6 +443,38 @@ def test_a_store_file_removed_or_replaced_mid_stream_is_not_written_on(
     assert [r["status"] for r in producer.reports[5:]] == []
 
 
+def test_a_ledger_opened_by_a_relative_path_is_written_after_the_process_changes_folder(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """``Ledger.open()`` takes ./alloc-ledger.db by default; a service that
+    opens it and then changes folder (a daemon's chdir("/")) writes on into
+    the file it opened: the path is the one it had when opened, not one
+    read again in the new folder (helper-406: "… other/alloc-ledger.db was
+    removed while this process had it open", naming a file that never was
+    the store; a second connection made an empty one there)."""
+    other = tmp_path / "other"
+    other.mkdir()
+    monkeypatch.chdir(tmp_path)
+    with Ledger.open("sqlite:///alloc-ledger.db") as ledger:
+        assert ledger.submit({"type": "node-registered", "node": "n1"}).ok
+        monkeypatch.chdir(other)
+        assert ledger.submit({"type": "heartbeat", "node": "n1"}).ok
+        receipts = list(ledger.submit_many([{"type": "heartbeat", "node": "n1"}] * 30, batch=10))
+        assert [r.status for r in receipts] == ["appended"] * 30
+    assert list(other.iterdir()) == []
+    with closing_store(f"sqlite:///{tmp_path}/alloc-ledger.db") as store, store.reading() as cursor:
+        assert store.head(cursor) == 32
+
+
+@contextmanager
+def closing_store(url: str) -> Iterator[Any]:
+    store = open_store(url, create=False)
+    try:
+        yield store
+    finally:
+        store.close()
+
+
 # -- a full disk ---------------------------------------------------------------------
 
 

@@ -1145,6 +1145,13 @@ def test_a_bad_sqlite_url_parameter_exits_3_naming_it(tmp_path, query, message):
     ("sqlite:///x\x00.db", "cannot open store: the URL is malformed (it holds a NUL character)"),
     ("postgresql://ops@127.0.0.1/te\udcffst",
      "cannot open store: the PostgreSQL URL is not UTF-8 text"),
+    # the same NUL, percent-encoded: unquoted, libpq reads the database "db",
+    # the user "ops" (helper-406: a ledger's first tables were made in "test"
+    # for postgresql://postgres@…/test%00other)
+    ("postgresql://ops:secret@127.0.0.1/db%00other", (
+        "cannot open store: the URL is malformed (it holds a NUL character)")),
+    ("postgresql://ops%00x:secret@127.0.0.1/db", (
+        "cannot open store: the URL is malformed (it holds a NUL character)")),
 ])
 def test_a_malformed_store_url_exits_3_in_one_line_without_its_password(tmp_path, url, message):
     result = invoke(["--store", url, "query", "nodes"], code=3)

@@ -120,3 +120,34 @@ def test_lagging_postgresql_tables_say_how_far_behind_they_are() -> None:
 
         with psycopg.connect(dsn, autocommit=True) as connection:
             connection.execute(f"DROP SCHEMA IF EXISTS {schema} CASCADE")
+
+
+def test_tables_ahead_of_the_log_are_no_internal_error() -> None:
+    """The tracking row past the log's head (its last events deleted by a
+    TRUNCATE the guards do not see, or the row raised by hand): the tables'
+    answer, no negative lag (helper-406: ``query nodes`` was "internal error:
+    TypeError: unsupported operand type(s) for +: 'NoneType' and 'int'" and
+    ``ask`` said ``behind == -4``)."""
+    import psycopg
+    from click.testing import CliRunner
+
+    from commands.cli import cli
+
+    dsn = postgres_or_skip()
+    schema = f"t_{uuid.uuid4().hex[:16]}"
+    url = f"{dsn}{'&' if '?' in dsn else '?'}schema={schema}"
+    try:
+        with Ledger.open(url) as ledger:
+            ledger.submit({"type": "node-registered", "node": "n1"})
+            ledger.project()
+        with psycopg.connect(dsn, autocommit=True) as connection:
+            connection.execute(f"UPDATE {schema}.tracking SET notification_id = 5 "
+                               "WHERE application_name = 'projections'")
+        result = CliRunner().invoke(cli, ["--store", url, "query", "nodes", "--format", "json"])
+        assert result.exit_code == 0, result.output
+        assert [n["node"] for n in json.loads(result.stdout)] == ["n1"]
+        with ask(url) as answers:
+            assert (answers.behind, answers.position) == (0, None)
+    finally:
+        with psycopg.connect(dsn, autocommit=True) as connection:
+            connection.execute(f"DROP SCHEMA IF EXISTS {schema} CASCADE")

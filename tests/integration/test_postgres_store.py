@@ -932,3 +932,14 @@ def test_a_follower_stays_connected_where_idle_sessions_are_ended(
 
     assert "reconnect" not in err + out, err
     assert '"to": 3' in out, out
+
+
+def test_pgoptions_applies_as_the_readme_says_pg_variables_do(pg_url, monkeypatch):
+    """README (PostgreSQL, URL): "libpq's own parameters ... and PG* variables
+    apply". PGOPTIONS is libpq's way to set a session's parameters (as psql
+    honours it); a store must not drop it when it adds options of its own."""
+    with Ledger.open(pg_url) as ledger:
+        assert ledger.submit({"type": "node-registered", "node": "n1"}).status == "appended"
+    monkeypatch.setenv("PGOPTIONS", "-c default_transaction_read_only=on")
+    with pytest.raises(StoreUnavailable, match="takes no writes"), Ledger.open(pg_url) as ledger:
+        ledger.submit({"type": "heartbeat", "node": "n1"})
