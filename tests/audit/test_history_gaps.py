@@ -12,6 +12,9 @@ from typing import Any
 import pytest
 from audit_support import Attack, one_line_error, run
 
+from ledger.errors import HistoryIncomplete
+from projections.history import history
+
 NODE = "n00001"
 VERIFY = "; alloc-ledger verify checks whether the log was edited"
 
@@ -170,3 +173,29 @@ def test_an_allocation_is_answered_with_its_history_and_what_the_history_lacks(
     assert one_line_error(answered.stderr) == (
         f"Error: the history of {alloc} may be incomplete: position {gone} is missing from the "
         "log" + VERIFY)
+
+
+def test_history_names_the_first_position_deleted_from_the_log(
+    attack: Attack, whole: list[dict[str, Any]]
+) -> None:
+    """A gap at the very start of the log is a gap too (position 1, before any kept event)."""
+    attack.attacker.delete(1)
+
+    code, rows, stderr = shown(attack, NODE)
+
+    assert code == 1, stderr
+    assert rows == [row for row in whole if row["position"] != 1]
+    assert one_line_error(stderr) == (
+        f"Error: the history of {NODE} may be incomplete: position 1 is missing from the log"
+        + VERIFY)
+
+
+def test_the_history_function_refuses_a_history_the_log_cannot_give_whole(
+    attack: Attack, whole: list[dict[str, Any]]
+) -> None:
+    """``projections.history.history`` (what ``demo`` asks) raises rather than
+    return a partial history as whole."""
+    attack.attacker.delete(positions(whole)[3])
+
+    with pytest.raises(HistoryIncomplete, match="is missing from the log"):
+        history(attack.store, NODE)

@@ -176,3 +176,20 @@ def test_dropping_a_bad_checkpoint_leaves_a_good_one_kept_there_since(tmp_path):
     with checkpointed(tmp_path / "l.db") as ledger:
         checkpoints._drop(ledger.store, 40, "the bad one's hash")
         assert kept_checkpoints(tmp_path / "l.db") == [10, 20, 30, 40]
+
+
+def test_an_as_of_replay_reads_the_log_only_after_its_checkpoint(tmp_path, monkeypatch):
+    """docs/queries.md: later as-of questions replay at most EVERY events."""
+    with checkpointed(tmp_path / "l.db") as ledger:
+        store = ledger.store
+        starts: list[int] = []
+        read_log = type(store).read_log
+
+        def reading(self, after, *args, **kwargs):
+            starts.append(after)
+            return read_log(self, after, *args, **kwargs)
+
+        monkeypatch.setattr(type(store), "read_log", reading)
+        _, position = rebuild(store, AsOf(position=45), every=10)
+    assert position == 45
+    assert starts and min(starts) == 40
