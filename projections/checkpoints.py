@@ -25,6 +25,7 @@ from ledger.domain import Cluster, Snapshot
 from ledger.errors import StoreUnavailable
 from ledger.store import Store
 from projections import tables
+from projections.history import held
 
 EVERY = 100_000
 # A checkpoint is a cache: not worth waiting for another projector's
@@ -50,7 +51,8 @@ def bound(chain_hash: str | None, max_at: str, state: bytes) -> str | None:
 
 def nearest(store: Store, position: int | None, at: str | None) -> tuple[Cluster, int, str] | None:
     """The latest good checkpoint at or before a position (or wholly at or
-    before a time); a bad one is passed over (and dropped, where allowed)."""
+    before a time); a bad one is passed over (and dropped, where allowed).
+    None if the log lacks a position under it (deleted since it was kept)."""
     p = store.param
     where, bound_value = (
         (f"position <= {p}", position) if position is not None else (f"max_at <= {p}", at)
@@ -71,6 +73,9 @@ def nearest(store: Store, position: int | None, at: str | None) -> tuple[Cluster
                 if row is None:
                     return None
                 kept = store.hash_at(cursor, row[0])
+                if held(store, cursor, row[0]) != row[0]:
+                    # positions deleted under it: a replay from the start names them
+                    return None
         except StoreUnavailable:  # no table yet (nothing was checkpointed), or a reader role
             return None
         found = _restored(row[1], _as_kept(row[2]), row[3], kept)

@@ -186,6 +186,25 @@ def test_a_deleted_event_is_named_by_every_replay_not_only_verify(attack: Attack
         ), command
 
 
+def test_a_deleted_event_under_a_checkpoint_is_named_by_an_as_of_query_past_it(
+    attack: Attack,
+) -> None:
+    """An as-of replay starts at the nearest checkpoint, which was kept before
+    position 120 was deleted: the log under it is counted, and the replay
+    from the start names the gap (helper-407: the answer came, exit 0)."""
+    store = attack.store
+    rebuild(store, AsOf(position=200), every=50)  # checkpoints at 50 .. 200
+    attack.attacker.drop_guards()  # again: keeping them may have put them back
+    attack.attacker.delete(120)
+
+    done = run("query", "nodes", "--as-of", "230", url=attack.target.url)
+
+    assert done.returncode == 1, done.stderr
+    assert one_line_error(done.stderr) == (
+        "Error: position 120 is missing from the log (the next kept event is at 121); "
+        "alloc-ledger verify checks whether the log was edited")
+
+
 def test_a_deleted_last_event_is_named_by_a_replay_of_the_tables_that_applied_it(
     attack: Attack,
 ) -> None:
