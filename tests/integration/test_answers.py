@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import uuid
+from collections.abc import Iterator
 
 import pytest
 from cli_support import invoke
@@ -98,56 +99,51 @@ def test_no_ledger_is_made_by_asking(tmp_path) -> None:
         pass
 
 
-def test_lagging_postgresql_tables_say_how_far_behind_they_are() -> None:
-    """Without inline projection, the tables are as far as a follower brought
-    them; ``wait`` catches them up first."""
+@pytest.fixture
+def followed() -> Iterator[tuple[str, str, str]]:
+    """A PostgreSQL store whose tables a follower keeps (not inline): the
+    DSN, the schema, the store's URL; the schema dropped after."""
     dsn = postgres_or_skip()
     schema = f"t_{uuid.uuid4().hex[:16]}"
-    url = f"{dsn}{'&' if '?' in dsn else '?'}schema={schema}"
-    try:
-        with Ledger.open(url) as ledger:
-            ledger.submit({"type": "node-registered", "node": "n1"})
-            ledger.submit({"type": "heartbeat", "node": "n1"})
-        with ask(url) as answers:
-            assert (answers.behind, answers.position) == (2, 0)
-            with pytest.raises(NotInLedger, match="^node n1 is not in the ledger at position 0$"):
-                answers.slots(node="n1")
-        with ask(url, wait=True) as answers:
-            assert (answers.behind, answers.position) == (0, None)
-            assert [(n["node"], n["status"]) for n in answers.nodes()] == [("n1", "ready")]
-    finally:
-        import psycopg
+    yield dsn, schema, f"{dsn}{'&' if '?' in dsn else '?'}schema={schema}"
+    import psycopg
 
-        with psycopg.connect(dsn, autocommit=True) as connection:
-            connection.execute(f"DROP SCHEMA IF EXISTS {schema} CASCADE")
+    with psycopg.connect(dsn, autocommit=True) as connection:
+        connection.execute(f"DROP SCHEMA IF EXISTS {schema} CASCADE")
 
 
-def test_tables_ahead_of_the_log_are_no_internal_error() -> None:
+def test_lagging_postgresql_tables_say_how_far_behind_they_are(followed) -> None:
+    """Without inline projection, the tables are as far as a follower brought
+    them; ``wait`` catches them up first."""
+    _, _, url = followed
+    with Ledger.open(url) as ledger:
+        ledger.submit({"type": "node-registered", "node": "n1"})
+        ledger.submit({"type": "heartbeat", "node": "n1"})
+    with ask(url) as answers:
+        assert (answers.behind, answers.position) == (2, 0)
+        with pytest.raises(NotInLedger, match="^node n1 is not in the ledger at position 0$"):
+            answers.slots(node="n1")
+    with ask(url, wait=True) as answers:
+        assert (answers.behind, answers.position) == (0, None)
+        assert [(n["node"], n["status"]) for n in answers.nodes()] == [("n1", "ready")]
+
+
+def test_tables_ahead_of_the_log_are_no_internal_error(followed) -> None:
     """The tracking row past the log's head (its last events deleted by a
     TRUNCATE the guards do not see, or the row raised by hand): the tables'
     answer, no negative lag (helper-406: ``query nodes`` was "internal error:
     TypeError: unsupported operand type(s) for +: 'NoneType' and 'int'" and
     ``ask`` said ``behind == -4``)."""
     import psycopg
-    from click.testing import CliRunner
 
-    from commands.cli import cli
-
-    dsn = postgres_or_skip()
-    schema = f"t_{uuid.uuid4().hex[:16]}"
-    url = f"{dsn}{'&' if '?' in dsn else '?'}schema={schema}"
-    try:
-        with Ledger.open(url) as ledger:
-            ledger.submit({"type": "node-registered", "node": "n1"})
-            ledger.project()
-        with psycopg.connect(dsn, autocommit=True) as connection:
-            connection.execute(f"UPDATE {schema}.tracking SET notification_id = 5 "
-                               "WHERE application_name = 'projections'")
-        result = CliRunner().invoke(cli, ["--store", url, "query", "nodes", "--format", "json"])
-        assert result.exit_code == 0, result.output
-        assert [n["node"] for n in json.loads(result.stdout)] == ["n1"]
-        with ask(url) as answers:
-            assert (answers.behind, answers.position) == (0, None)
-    finally:
-        with psycopg.connect(dsn, autocommit=True) as connection:
-            connection.execute(f"DROP SCHEMA IF EXISTS {schema} CASCADE")
+    dsn, schema, url = followed
+    with Ledger.open(url) as ledger:
+        ledger.submit({"type": "node-registered", "node": "n1"})
+        ledger.project()
+    with psycopg.connect(dsn, autocommit=True) as connection:
+        connection.execute(f"UPDATE {schema}.tracking SET notification_id = 5 "
+                           "WHERE application_name = 'projections'")
+    result = invoke(["--store", url, "query", "nodes", "--format", "json"])
+    assert [n["node"] for n in json.loads(result.stdout)] == ["n1"]
+    with ask(url) as answers:
+        assert (answers.behind, answers.position) == (0, None)

@@ -255,6 +255,24 @@ def test_ctrl_c_while_a_batch_commits_still_reports_that_batch(
     assert (seen, head) == ([["appended"] * 3], 3)  # committed, so reported; no more
 
 
+def two_batches_end(ledger: Ledger) -> list[BaseException]:
+    """What a stream of two batches ended with, in a thread that must not
+    wait for good (it would if the second waited on a first that failed)."""
+    ended: list[BaseException] = []
+
+    def consume() -> None:
+        try:
+            list(ledger.submit_batches([SETUP, [{"type": "heartbeat", "node": "n1"}]]))
+        except BaseException as error:  # noqa: BLE001 - what the stream ended with
+            ended.append(error)
+
+    thread = threading.Thread(target=consume, daemon=True)
+    thread.start()
+    thread.join(10)
+    assert not thread.is_alive(), "the stream waits for good after its first batch failed"
+    return ended
+
+
 def test_a_batch_the_writer_decides_that_fails_lets_the_stream_end_with_its_error(
     tmp_path: Path,
 ) -> None:
@@ -263,19 +281,7 @@ def test_a_batch_the_writer_decides_that_fails_lets_the_stream_end_with_its_erro
     error (it does not wait for good), and nothing is kept."""
     with open_ledger(tmp_path) as ledger:
         slow_writes(ledger, fail_on=1)
-        ended: list[BaseException] = []
-
-        def consume() -> None:
-            try:
-                list(ledger.submit_batches([SETUP, [{"type": "heartbeat", "node": "n1"}]]))
-            except BaseException as error:  # noqa: BLE001 - what the stream ended with
-                ended.append(error)
-
-        thread = threading.Thread(target=consume, daemon=True)
-        thread.start()
-        thread.join(10)
-        assert not thread.is_alive(), "the stream waits for good after a failed batch"
-        assert [type(e) for e in ended] == [StoreUnavailable]
+        assert [type(e) for e in two_batches_end(ledger)] == [StoreUnavailable]
         with ledger.store.reading() as cursor:
             assert ledger.store.head(cursor) == 0
 
@@ -298,19 +304,7 @@ def test_a_first_batch_whose_transaction_cannot_begin_lets_the_stream_end_with_i
             return writing()
 
         ledger.store.writing = refused  # type: ignore[method-assign]
-        ended: list[BaseException] = []
-
-        def consume() -> None:
-            try:
-                list(ledger.submit_batches([SETUP, [{"type": "heartbeat", "node": "n1"}]]))
-            except BaseException as error:  # noqa: BLE001 - what the stream ended with
-                ended.append(error)
-
-        thread = threading.Thread(target=consume, daemon=True)
-        thread.start()
-        thread.join(10)
-        assert not thread.is_alive(), "the stream waits for good after a batch never began"
-        assert [type(e) for e in ended] == [StoreUnavailable]
+        assert [type(e) for e in two_batches_end(ledger)] == [StoreUnavailable]
         with ledger.store.reading() as cursor:
             assert ledger.store.head(cursor) == 0
 
