@@ -349,7 +349,8 @@ class SQLiteStore:
         self.path = path  # as the URL names it, in messages
         # what every connection, check and claim opens: the same file after
         # the process changes its working directory (a service's chdir)
-        self.file = os.path.abspath(path)
+        # (joined, not normalized: "link/.." is where the link leads, then up)
+        self.file = os.path.join(os.getcwd(), path)
         self.stream = LEDGER_STREAM.hex
         timeout = self.lock_wait = self._timeout(options)
         if not path or SQLiteConnectionPool.detect_memory_mode(path):
@@ -556,7 +557,7 @@ class SQLiteStore:
         now = _identity(self.file)
         if self._file is None and now is not None:  # the store's first write made the file
             self._file = now
-        elif now != self._file:
+        elif now is None or now != self._file:
             what = "removed" if now is None else "replaced by another file"
             raise StoreUnavailable(
                 f"store {self.url}: {self.file} was {what} while this "

@@ -342,7 +342,8 @@ def url_parts(url: str) -> SplitResult:
         parts.port  # noqa: B018 - checks it: out of range raises
     except ValueError as error:
         raise StoreUnavailable(f"cannot open store: the URL is malformed ({error})") from None
-    if "\x00" in unquote(url):  # %00 too: the parts are read unquoted
+    # %00 too, where the parts are read unquoted (not a SQLite path: as written)
+    if "\x00" in (url if parts.scheme == "sqlite" else unquote(url)):
         raise StoreUnavailable("cannot open store: the URL is malformed (it holds a NUL character)")
     return parts
 

@@ -466,6 +466,31 @@ def test_a_ledger_opened_by_a_relative_path_is_written_after_the_process_changes
         assert store.head(cursor) == 32
 
 
+def test_a_path_through_a_link_then_up_opens_the_file_the_system_names(tmp_path: Path) -> None:
+    """``folder/link/../s.db``: the system goes up from where the link leads
+    (as SQLite and every other tool do), not lexically from ``folder``; the
+    checks and the connections open one file (helper-409: the connections
+    opened ``folder/s.db`` while the checks saw the ledger beside the link's
+    target: a reading command answered an empty ledger at position 0, and
+    left a new empty file)."""
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b" / "c").mkdir(parents=True)
+    (tmp_path / "a" / "lnk").symlink_to(tmp_path / "b" / "c")
+    with Ledger.open(f"sqlite:///{tmp_path}/b/s.db") as ledger:
+        assert ledger.submit({"type": "node-registered", "node": "n1"}).ok
+    with closing_store(f"sqlite:///{tmp_path}/a/lnk/../s.db") as store, store.reading() as cursor:
+        assert store.head(cursor) == 1
+    assert sorted(p.name for p in (tmp_path / "a").iterdir()) == ["lnk"]
+
+
+def test_a_file_name_holding_percent_00_is_not_a_nul(tmp_path: Path) -> None:
+    """A SQLite URL's path is read as written (not unquoted): ``x%00.db``
+    names a file of that name, which holds no NUL character."""
+    store = open_store(f"sqlite:///{tmp_path}/x%00.db")
+    store.close()
+    assert (tmp_path / "x%00.db").exists()
+
+
 @contextmanager
 def closing_store(url: str) -> Iterator[Any]:
     store = open_store(url, create=False)
