@@ -11,7 +11,7 @@ import click
 from commands.cli import CommandGroup, opened
 from commands.output import Rows, emit, emit_object, format_option
 from ledger.errors import counted
-from ledger.model import LIVE, TERMINAL
+from ledger.model import LIVE, TERMINAL, not_utf8
 from projections.answers import Answers, answering
 from projections.asof import AsOf, head_within, moment_of, rebuild
 from projections.history import search as history_of
@@ -83,7 +83,7 @@ class NameType(click.ParamType):  # type: ignore[type-arg]  # generic from click
 
     def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
         text = str(value)
-        if any("\ud800" <= char <= "\udfff" for char in text):
+        if not_utf8(text):
             shown = text.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
             self.fail(f"{shown} is not UTF-8 (the ledger's names are UTF-8 text)", param, ctx)
         if not text.strip():

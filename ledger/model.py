@@ -50,15 +50,25 @@ NEVER = datetime.max.isoformat(timespec="microseconds") + "Z"
 TIME_FORM = "%Y-%m-%dT%H:%M:%S.%fZ"  # the one text form of times (``timestamp``)
 
 
-def past_the_years(since: str, max_disconnect: int | None) -> bool:
-    """Whether a deadline (``since`` + ``max_disconnect`` seconds) falls past
-    the year 9999: written ``NEVER``, it never expires, while a deadline of
-    that very microsecond, written the same, expires once --now reaches it."""
+def deadline_after(since: str, max_disconnect: int | None) -> datetime | None:
+    """``since`` + ``max_disconnect`` seconds; None past the year 9999."""
     try:
-        datetime.strptime(since, TIME_FORM) + timedelta(seconds=max_disconnect or 0)
+        return datetime.strptime(since, TIME_FORM) + timedelta(seconds=max_disconnect or 0)
     except OverflowError:
-        return True
-    return False
+        return None
+
+
+def past_the_years(since: str, max_disconnect: int | None) -> bool:
+    """Whether a deadline falls past the year 9999: written ``NEVER``, it
+    never expires, while a deadline of that very microsecond, written the
+    same, expires once --now reaches it."""
+    return deadline_after(since, max_disconnect) is None
+
+
+def not_utf8(text: str) -> bool:
+    """Whether a text from the system (argv, the environment) held bytes that
+    are not UTF-8: Python keeps each as a lone surrogate."""
+    return any("\ud800" <= char <= "\udfff" for char in text)
 
 
 @dataclass(slots=True)
@@ -130,10 +140,8 @@ class Allocation:
         """When the allocation stops waiting for its node: unknown_since_at + max_disconnect."""
         if not self.needs_reconnect or self.unknown_since_at is None:
             return None
-        since = datetime.strptime(self.unknown_since_at, TIME_FORM)
-        try:
-            moment = since + timedelta(seconds=self.max_disconnect or 0)
-        except OverflowError:  # past the year 9999: never, in the one text form
+        moment = deadline_after(self.unknown_since_at, self.max_disconnect)
+        if moment is None:  # never, in the one text form
             return NEVER
         return moment.isoformat(timespec="microseconds") + "Z"
 

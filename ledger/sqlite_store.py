@@ -385,9 +385,9 @@ class SQLiteStore:
             self.datastore = SQLiteDatastore(
                 reading if self.read_only else self.file, lock_timeout=int(timeout) or 1)
             self.recorder = SQLiteProcessRecorder(self.datastore)
-            self._file: tuple[int, int] | None = None  # the file every write goes to
+            self._opened: tuple[int, int] | None = None  # which file (_identity) writes go to
             self._create_schema_waiting(timeout)
-            self._file = self._file or _identity(self.file)
+            self._opened = self._opened or _identity(self.file)
         except (PersistenceError, sqlite3.Error) as error:
             raise StoreUnavailable(f"cannot open store {url}: {describe(error, path)}") from None
 
@@ -555,9 +555,9 @@ class SQLiteStore:
         the old file's WAL files. Either way, what is reported appended would
         be lost."""
         now = _identity(self.file)
-        if self._file is None and now is not None:  # the store's first write made the file
-            self._file = now
-        elif now is None or now != self._file:
+        if self._opened is None and now is not None:  # the store's first write made the file
+            self._opened = now
+        elif now is None or now != self._opened:
             what = "removed" if now is None else "replaced by another file"
             raise StoreUnavailable(
                 f"store {self.url}: {self.file} was {what} while this "

@@ -21,7 +21,7 @@ from uuid import NAMESPACE_URL, UUID, uuid5
 from eventsourcing.persistence import StoredEvent
 
 from ledger.errors import StoreUnavailable
-from ledger.model import Receipt
+from ledger.model import Receipt, not_utf8
 
 DEFAULT_URL = "sqlite:///alloc-ledger.db"
 STORE_VARIABLE = "ALLOC_LEDGER_STORE"
@@ -368,7 +368,7 @@ def open_store(url: str | None = None, create: bool = True) -> Store:
             )
         return SQLiteStore(url, head[10:], options, create)
     if parts.scheme in ("postgresql", "postgres"):
-        if any("\ud800" <= char <= "\udfff" for char in url):  # bytes not UTF-8, escaped
+        if not_utf8(url):
             raise StoreUnavailable("cannot open store: the PostgreSQL URL is not UTF-8 text")
         try:
             from ledger.postgres_store import PostgresStore
