@@ -20,7 +20,7 @@ from commands.console import Held, Interrupted, Signalled, signal_of
 from commands.output import ClosedStream, json_text, write
 from ledger import batches as batching
 from ledger.application import Ledger, Receipt
-from ledger.errors import InvalidEvent, LedgerError, StoreUnavailable
+from ledger.errors import InvalidEvent, LedgerError, NotKept, StoreUnavailable
 from ledger.events import EVENT_TYPES, TYPES_NAMED, fields_of, from_flags
 
 MAX_LINE = 1 << 20  # a longer line is reported invalid without being held in memory
@@ -130,7 +130,7 @@ def _submit_one(ctx: click.Context, event_type: str, quiet: bool) -> Counter[str
         _closed_on_error(_one_result(ctx, event_type, flags, held, decided)) as results,
     ):
         try:
-            return _print(results, quiet, False, held)
+            return _print(results, quiet, False, held, nothing="the event was not kept")
         except Interrupted as stop:
             raise Interrupted(_became(decided, stop.settled), stop.terminated) from None
 
@@ -420,7 +420,7 @@ OF_REJECTED = "duplicate_of_rejected"
 
 
 def _print(
-    results: Any, quiet: bool, progress: bool, held: Held
+    results: Any, quiet: bool, progress: bool, held: Held, nothing: str = "no line was kept"
 ) -> Counter[str]:
     shown = time.monotonic()
     # The results tallied and the last line among them, replaced whole once a
@@ -452,10 +452,11 @@ def _print(
             _kept_until(*done, settled), terminated=signal_of(stop), settled=settled) from None
     except LedgerError as error:  # the store lost mid-stream: say how far it got
         _clear(progress)
-        if not done[1]:
+        refused = isinstance(error, NotKept)  # the failed batch, and none after it, kept
+        if not done[1] and not refused:
             raise  # at the first batch: the store's own words say what became of it
         failed = StoreUnavailable if isinstance(error, StoreUnavailable) else LedgerError
-        raise failed(f"{error}; {_kept_until(*done)}") from None
+        raise failed(f"{error}; {_kept_until(*done, refused, nothing)}") from None
     except MemoryError:  # where Python says so (a library may crash instead: SIGSEGV)
         _clear(progress)
         raise click.ClickException(
@@ -471,14 +472,17 @@ def _clear(progress: bool) -> None:
             click.echo("\r" + " " * 60 + "\r", err=True, nl=False)
 
 
-def _kept_until(counts: Counter[str], reported: int, settled: bool = False) -> str:
+def _kept_until(
+    counts: Counter[str], reported: int, settled: bool = False, nothing: str = "no line was kept"
+) -> str:
     """What a submit stopped midway (Ctrl-C, SIGTERM, SIGHUP, a lost store) had
-    decided and kept; ``settled``: no batch was left with the store unanswered,
-    so no later line is kept."""
+    decided and kept; ``settled``: no batch was left with the store unanswered
+    (or the one that was failed before it committed), so no later line is
+    kept, and ``nothing`` says so when none was."""
     learn = "resubmit with ids to learn which: kept ones answer duplicate"
     if not reported:
         if settled:
-            return "no line was kept"
+            return nothing
         return f"no result was printed before it, yet some lines may be kept ({learn})"
     tally = ", ".join(f"{n} {status}" for status, n in counts.items() if status != OF_REJECTED)
     later = "no later line was kept" if settled else f"later ones may be kept too ({learn})"

@@ -15,6 +15,11 @@ class StoreUnavailable(LedgerError):
     """The store cannot be opened, reached or written."""
 
 
+class NotKept(StoreUnavailable):
+    """A write transaction failed before it committed: the store kept nothing
+    of it (a retry is a new submission, not a duplicate)."""
+
+
 class LedgerClosed(LedgerError):
     """A ledger used after ``close()``: open another."""
 

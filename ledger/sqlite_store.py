@@ -31,7 +31,7 @@ from eventsourcing.persistence import (
 from eventsourcing.sqlite import SQLiteConnectionPool, SQLiteDatastore, SQLiteProcessRecorder
 
 from ledger import sqlite_writes
-from ledger.errors import MadeByNewer, StoreUnavailable, first_few
+from ledger.errors import MadeByNewer, NotKept, StoreUnavailable, first_few
 from ledger.store import (
     LEDGER_STREAM,
     PAGE,
@@ -318,6 +318,33 @@ def _opened_to_lock(path: str) -> int:
         raise
 
 
+def _rolled_back(error: BaseException, committing: bool) -> bool:
+    """Whether a write transaction that failed with ``error`` is surely not
+    committed: it failed before its ``COMMIT``, or the ``COMMIT`` could not
+    write its pages (SQLITE_FULL: the WAL frames end before the commit
+    frame). Any other failure of a ``COMMIT`` (an I/O error of its fsync,
+    after the commit frame was written) may leave it committed."""
+    code = getattr(error.__cause__ or error, "sqlite_errorcode", None)
+    return not committing or (code is not None and code & 0xFF == sqlite3.SQLITE_FULL)
+
+
+def _free_bytes(folder: str) -> int | None:
+    """What the file system holding ``folder`` has free for this user."""
+    try:
+        found = os.statvfs(folder)
+    except OSError:
+        return None
+    return found.f_bavail * found.f_frsize
+
+
+# SQLite's words for a write that found no room: the file may not grow
+# ("full"), or the -shm beside it, which readers write too, may not be made
+# or grow (an I/O error; one beside room enough is the disk's own)
+DISK_FULL = "database or disk is full"
+NO_ROOM = (DISK_FULL, "disk I/O error")
+ROOM_ENOUGH = 1 << 20
+
+
 def describe(error: BaseException, path: str = "") -> str:
     text = (str(error.__cause__ or error) or type(error).__name__).splitlines()[0]
     folder = os.path.dirname(os.path.abspath(path)) if path else ""
@@ -332,6 +359,10 @@ def describe(error: BaseException, path: str = "") -> str:
                 "writer stopped or stuck, or a tool that opened the file to write, such as "
                 "a database browser left in a transaction: open reporting tools with "
                 "?mode=ro)")
+    free = _free_bytes(folder) if path and text in NO_ROOM else None
+    if free is not None and (text == DISK_FULL or free < ROOM_ENOUGH):
+        shown = f"{free} bytes" if free < ROOM_ENOUGH else f"{free >> 20} MiB"
+        return f"{text} (the file system holding {folder} has {shown} free)"
     return tables.with_repair_hint(text)
 
 
@@ -530,6 +561,7 @@ class SQLiteStore:
     @contextmanager
     def writing(self) -> Iterator[sqlite3.Cursor]:
         self._writable()
+        committing = False
         try:
             with self._connection(commit=True) as pooled:
                 cursor = pooled.cursor().sqlite_cursor
@@ -543,10 +575,12 @@ class SQLiteStore:
                 except BaseException:
                     cursor.connection.rollback()
                     raise
+                committing = True
                 cursor.connection.commit()
                 self._fold_back(cursor)
         except (sqlite3.Error, PersistenceError) as error:  # the cause kept: see _busy
-            raise StoreUnavailable(f"store {self.url}: {describe(error, self.file)}") from error
+            failed = NotKept if _rolled_back(error, committing) else StoreUnavailable
+            raise failed(f"store {self.url}: {describe(error, self.file)}") from error
 
     def _still_the_file(self) -> None:
         """Under the write lock: the path leads to the file this store opened.

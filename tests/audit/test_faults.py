@@ -547,12 +547,19 @@ def full_disk(
     yield target, file_size_limit(size + 600_000), lambda: None
 
 
-@pytest.mark.parametrize(("fault", "error"), [
-    ("tiny tmpfs", "database or disk is full"),  # ENOSPC, as SQLite words it
-    ("file size limit", "disk I/O error"),  # EFBIG
+LATER_MAY_BE_KEPT = ("later ones may be kept too (resubmit with ids to learn which: kept "
+                     "ones answer duplicate)")
+
+
+@pytest.mark.parametrize(("fault", "error", "later"), [
+    # ENOSPC, as SQLite words it: the commit that found no room kept nothing
+    ("tiny tmpfs", "database or disk is full (the file system holding {folder} has 0 bytes "
+     "free)", "no later line was kept"),
+    # EFBIG: an I/O error of a COMMIT may come after its commit frame was written
+    ("file size limit", "disk I/O error", LATER_MAY_BE_KEPT),
 ])
 def test_a_full_disk_exits_3_and_keeps_every_acknowledged_batch(
-    tmp_path: Path, fault: str, error: str
+    tmp_path: Path, fault: str, error: str, later: str
 ) -> None:
     events = history(6000, nodes=60)
     stream = tmp_path / "stream.jsonl"
@@ -563,15 +570,62 @@ def test_a_full_disk_exits_3_and_keeps_every_acknowledged_batch(
         line = one_line_error(full.stderr)
         reports = results(full.stdout)
         statuses = Counter(report["status"] for report in reports)
+        error = error.format(folder=tmp_path / "small")
         assert line == (  # the store's error, then how far the stream got
             f"Error: store {target.url}: {error}; every line up to {reports[-1]['line']} was "
             f"decided and is kept as decided ({statuses['appended']} appended, 0 duplicate, "
-            f"{statuses['rejected']} rejected, 0 invalid); later ones may be kept too (resubmit "
-            "with ids to learn which: kept ones answer duplicate)")
+            f"{statuses['rejected']} rejected, 0 invalid); {later}")
         acked = acknowledged_are_kept(target, events, reports)
         assert 0 < acked < len(events)
         grow()
         resubmitted_cleanly(target, stream, acked, len(events))
+
+
+def filled_up_to(folder: Path, left: int) -> None:
+    """Fill ``folder``'s file system until ``left`` bytes stay free."""
+    found = os.statvfs(folder)
+    free = found.f_bavail * found.f_frsize
+    (folder / "filler").write_bytes(b"\0" * (free - left))
+
+
+def test_a_one_shot_or_a_first_batch_that_finds_no_room_says_nothing_was_kept(
+    tmp_path: Path,
+) -> None:
+    folder = tmp_path / "small"
+    with tiny_filesystem(folder):
+        target = sqlite_store(folder)
+        assert run("submit", "node-registered", "--node", "n1", url=target.url).returncode == 0
+        # room for the -shm file (32 KiB), not for the commit's WAL frames
+        filled_up_to(folder, 36 << 10)
+        no_room = (f"Error: store {target.url}: database or disk is full (the file system "
+                   f"holding {folder} has ")
+
+        one = run("submit", "heartbeat", "--node", "n1", url=target.url)
+        assert one.returncode == 3, one.stderr
+        assert one_line_error(one.stderr).startswith(no_room)
+        assert one_line_error(one.stderr).endswith(" bytes free); the event was not kept")
+
+        stream = run("submit", "-", url=target.url, stdin=jsonl(history(50)))
+        assert stream.returncode == 3, stream.stderr
+        assert stream.stdout == b""
+        assert one_line_error(stream.stderr).endswith(" bytes free); no line was kept")
+
+        (folder / "filler").unlink()
+        assert run("digest", url=target.url).stdout.startswith(b"1:")  # kept nothing
+
+
+def test_a_reader_on_a_full_disk_is_told_the_disk_is_full(tmp_path: Path) -> None:
+    folder = tmp_path / "small"
+    with tiny_filesystem(folder):
+        target = sqlite_store(folder)
+        assert run("submit", "node-registered", "--node", "n1", url=target.url).returncode == 0
+        filled_up_to(folder, 0)  # no room for the -shm file a reader makes too
+
+        digest = run("digest", url=target.url)
+        assert digest.returncode == 3
+        assert one_line_error(digest.stderr) == (
+            f"Error: store {target.url}: disk I/O error (the file system holding {folder} "
+            "has 0 bytes free)")
 
 
 # -- PostgreSQL going away --------------------------------------------------------------
