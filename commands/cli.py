@@ -92,6 +92,8 @@ class LedgerGroup(CommandGroup):
         return sorted(self.commands)
 
     def make_context(self, *args: Any, **kwargs: Any) -> click.Context:
+        # before the line is read: its own --help and --version print while it is
+        require_stdout()
         try:
             return super().make_context(*args, **kwargs)
         except KeyboardInterrupt:  # while reading the command line: as in a command
@@ -124,7 +126,6 @@ class LedgerGroup(CommandGroup):
 
     def _run(self, ctx: click.Context) -> Any:
         try:
-            require_stdout()
             done = super().invoke(ctx)
             write("")  # what is still buffered: a stdout that cannot take it is one line too
             return done

@@ -1242,7 +1242,7 @@ def locked(tmp_path: Path, url: str) -> Iterator[Locked]:
 
 def test_submitting_to_a_locked_store_exits_3_and_appends_nothing(locked, url):
     result = invoke(store(locked.url, "submit", "heartbeat", "--node", "n1"), code=3)
-    one_line_store_error(result, f"store {locked.url}: {LOCKED}")
+    one_line_store_error(result, f"store {locked.url}: {LOCKED}; the event was not kept")
 
     locked.release()
     again = invoke(store(url, "submit", "heartbeat", "--node", "n1"))
@@ -1253,7 +1253,7 @@ def test_submitting_a_stream_to_a_locked_store_exits_3(tmp_path, locked):
     source = tmp_path / "events.jsonl"
     source.write_text(lines({"type": "heartbeat", "node": "n1"}))
     result = invoke(store(locked.url, "submit", str(source)), code=3)
-    one_line_store_error(result, f"store {locked.url}: {LOCKED}")
+    one_line_store_error(result, f"store {locked.url}: {LOCKED}; no line was kept")
 
 
 def test_a_locked_store_can_still_be_read(locked):

@@ -94,6 +94,18 @@ def test_a_closed_stdout_is_a_usage_error_and_nothing_is_done(url, args):
     assert not Path(url[len("sqlite:///"):]).exists()  # not even opened
 
 
+@pytest.mark.parametrize("args", [
+    ["--help"], ["--version"], [], ["query", "--help"], ["submit", "--help"],
+], ids=lambda args: " ".join(args) or "no command")
+def test_a_closed_stdout_fails_the_help_and_version_alike(args):
+    """The top level's own --help and --version (and its help for no
+    command) are refused as every command's help is: not printed into
+    nothing with exit 0."""
+    done = run('"$@" >&-', *args)
+
+    assert (done.returncode, one_line_of(done.stderr)) == (2, CLOSED)
+
+
 # -- stdout that cannot take the output ------------------------------------------------
 
 
