@@ -20,7 +20,7 @@ from commands.console import Held, Interrupted, Signalled, signal_of
 from commands.output import ClosedStream, json_text, write
 from ledger import batches as batching
 from ledger.application import Ledger, Receipt
-from ledger.errors import InvalidEvent, LedgerError, NotKept, StoreUnavailable
+from ledger.errors import InvalidEvent, LedgerError, LogEndsEarly, NotKept, StoreUnavailable
 from ledger.events import EVENT_TYPES, TYPES_NAMED, fields_of, from_flags
 
 MAX_LINE = 1 << 20  # a longer line is reported invalid without being held in memory
@@ -80,6 +80,8 @@ def submit(ctx: click.Context, source: str, quiet: bool, batch: int) -> None:
     if source in EVENT_TYPES:
         counts = _submit_one(ctx, source, quiet)
     else:
+        if (source == "--store" or source.startswith("--store=")) and not os.path.exists(source):
+            raise click.UsageError(STORE_GOES_FIRST.format("submit"))
         if source.startswith("--") and not os.path.exists(source):
             raise click.UsageError(
                 f"an event type comes before its flags: alloc-ledger submit TYPE "
@@ -453,8 +455,10 @@ def _print(
     except LedgerError as error:  # the store lost mid-stream: say how far it got
         _clear(progress)
         refused = isinstance(error, NotKept)  # the failed batch, and none after it, kept
-        if not done[1] and not refused:
-            raise  # at the first batch: the store's own words say what became of it
+        if (not done[1] and not refused) or isinstance(error, LogEndsEarly):
+            # at the first batch, the store's own words say what became of it;
+            # a log that lost what was reported says that itself
+            raise
         failed = StoreUnavailable if isinstance(error, StoreUnavailable) else LedgerError
         raise failed(f"{error}; {_kept_until(*done, refused, nothing)}") from None
     except MemoryError:  # where Python says so (a library may crash instead: SIGSEGV)

@@ -170,6 +170,23 @@ def test_store_after_the_command_says_where_it_goes(tmp_path, monkeypatch, args,
     assert list(tmp_path.iterdir()) == []
 
 
+@pytest.mark.parametrize("args", [
+    ["submit", "--store", "sqlite:///x.db", "heartbeat", "--node", "n1"],
+    ["submit", "--store", "sqlite:///x.db", "events.jsonl"],
+    ["submit", "--store=sqlite:///x.db", "events.jsonl"],
+])
+def test_store_between_submit_and_its_type_or_file_says_where_it_goes(tmp_path, monkeypatch, args):
+    """Given before the TYPE or FILE, --store is told to go before the command, as
+    after it (not that 'an event type comes before its flags', quoting --store
+    as if it were a field of the event)."""
+    monkeypatch.chdir(tmp_path)
+    result = invoke(args, code=2)
+    assert result.stdout == ""
+    assert "--store goes before the command: alloc-ledger --store URL submit" in result.stderr
+    assert "an event type comes before its flags" not in result.stderr
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_the_help_names_the_store_environment_variable():
     assert "[env var: ALLOC_LEDGER_STORE;" in " ".join(invoke(["--help"]).stdout.split())
 
