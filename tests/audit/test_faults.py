@@ -553,8 +553,8 @@ LATER_MAY_BE_KEPT = ("later ones may be kept too (resubmit with ids to learn whi
 
 @pytest.mark.parametrize(("fault", "error", "later"), [
     # ENOSPC, as SQLite words it: the commit that found no room kept nothing
-    ("tiny tmpfs", "database or disk is full (the file system holding {folder} has 0 bytes "
-     "free)", "no later line was kept"),
+    ("tiny tmpfs", ("database or disk is full (the file system holding {folder} has 0 "
+                    "bytes free)"), "no later line was kept"),
     # EFBIG: an I/O error of a COMMIT may come after its commit frame was written
     ("file size limit", "disk I/O error", LATER_MAY_BE_KEPT),
 ])
