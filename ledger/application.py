@@ -67,6 +67,9 @@ class Ledger:
         self._last: tuple[int, str] | None = None
         self._closed = False
         self._repairs: int | None = None  # the count of repairs last seen
+        # The highest position this ledger's own batches were committed at: a
+        # log found shorter lost events it reported (``_head``).
+        self._reported = 0
         # client ids of the last batch it decided, with their kept events (as
         # kept: a tenth of the memory of the events they were decided from)
         self._recent_ids: dict[str, LoggedEvent] = {}
@@ -155,7 +158,14 @@ class Ledger:
         with self.in_use():
             parsed = self.parse_all(items)
             valid = valid_of(parsed)
-            return answered(parsed, self.store.decide(valid, self) if valid else [])
+            return answered(parsed, self.committed(self.store.decide(valid, self)) if valid else [])
+
+    def committed(self, receipts: list[Receipt]) -> list[Receipt]:
+        """``receipts`` of a batch now committed: the log never again ends
+        before their positions."""
+        highest = max((r.position or 0 for r in receipts), default=0)
+        self._reported = max(self._reported, highest)
+        return receipts
 
     @classmethod
     def parse_all(cls, items: list[Submission]) -> list[Event | Receipt]:
@@ -350,6 +360,8 @@ class Ledger:
         head, count, applied = self.store.head_and_repairs(cursor)
         if applied > head:  # appended below it, an event would never reach the tables
             raise LogEndsEarly(head, applied, "applied")
+        if self._reported > head:  # appended again, positions it reported would change hands
+            raise LogEndsEarly(head, self._reported, "reported")
         seen, self._repairs = self._repairs, count
         repaired = seen is not None and seen != count
         if repaired:

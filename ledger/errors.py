@@ -114,9 +114,14 @@ class LogEndsEarly(LogEdited):
         before = {
             "chained": f"position {head}, whose chain hash is kept",
             "applied": f"position {head}, which the projection tables have applied",
+            "reported": f"position {head}, which this writer appended and reported",
         }.get(known, f"its head {head} when this began")
-        unless = ("" if known != "applied" else " (or the tracking row was raised by hand: "
-                  "alloc-ledger replay --repair sets it to the log's head)")
+        unless = {
+            "applied": " (or the tracking row was raised by hand: alloc-ledger replay "
+                       "--repair sets it to the log's head)",
+            "reported": " (or an older copy of the store was restored over it while this "
+                        "writer had it open: what it reported since that copy is not kept)",
+        }.get(known, "")
         super().__init__(
             f"the log ends at position {end}, before {before}: its last events were "
             f"deleted{unless}; alloc-ledger verify checks whether the log was edited"

@@ -128,13 +128,16 @@ def _write(
     and commit."""
     store = ledger.store
     try:
-        with ledger.in_use(), store.writing() as cursor:
-            if ahead is None:
-                try:
-                    return ledger.decide(cursor, batch)
-                finally:
-                    flying.decided.set()
-            return ledger.write_ahead(cursor, ahead)
+        with ledger.in_use():
+            with store.writing() as cursor:
+                if ahead is None:
+                    try:
+                        receipts = ledger.decide(cursor, batch)
+                    finally:
+                        flying.decided.set()
+                else:
+                    receipts = ledger.write_ahead(cursor, ahead)
+            return ledger.committed(receipts)
     except BaseException:
         ledger.forget()
         raise

@@ -116,7 +116,12 @@ TAKE = (
     "RETURNING id, batch, events, inline, pid, started) "
     "SELECT id, batch, CASE WHEN alive THEN events END, pid, inline, alive FROM ("
     "SELECT t.*, a.pid IS NOT NULL AND (a.backend_start IS NULL OR t.started IS NULL "
-    "OR a.backend_start = t.started) AS alive FROM taken t "
+    "OR a.backend_start = t.started) "
+    # handed over to this ledger, not restored from a dump of another (``home_key``)
+    "AND (a.datid IS NULL OR a.datid = (SELECT oid FROM pg_catalog.pg_database "
+    "WHERE datname = pg_catalog.current_database())) "
+    "AND (pg_catalog.substr(t.batch, 13, 1) <> '0' "
+    "OR pg_catalog.substr(t.batch, 1, 8) = %(home)s) AS alive FROM taken t "
     "LEFT JOIN pg_catalog.pg_stat_get_activity(NULL) a ON a.pid = t.pid) t ORDER BY id"
 )
 # The events a round takes, in bytes of their JSON as handed over: a leader
@@ -309,6 +314,26 @@ def _wait(committing: Future[None] | None) -> None:
         committing.result()
 
 
+def home_of(schema_oid: int | None) -> str | None:
+    """The first 8 hex digits of a ledger's batch keys (``home_key``)."""
+    return None if schema_oid is None else f"{schema_oid & 0xFFFFFFFF:08x}"
+
+
+def home_key(home: str | None) -> str:
+    """A batch's key: 32 hex digits, as a uuid4's (a leader of an earlier
+    release takes it), of which the first 8 are the ledger's schema OID and
+    the 13th, a uuid4's version digit ``4``, is ``0``. A dump taken while a
+    batch waits in ``handoff`` carries it, and a restore (another schema,
+    another database) brings it back beside a writer still alive, writing to
+    the original: the restored ledger's leader drops it, never appends to the
+    copy what nobody submitted there (helper-502). Keys of an earlier
+    release's writers (a ``4`` there) are taken as before."""
+    random = uuid.uuid4().hex
+    if home is None:
+        return random
+    return f"{home}{random[8:12]}0{random[13:]}"
+
+
 BAD_KEY = "a key no writer makes"
 KEY = re.compile(r"[0-9a-f]{32}")  # a writer's: uuid4().hex
 NUL = re.compile(rb"(?<!\\)(?:\\\\)*\\u0000")  # JSON's escape of NUL: \u0000 after no backslash
@@ -364,6 +389,7 @@ class Handoff:
         schema = store.schema
         self.to_leader = f"alloc_ledger_{schema}_handoff"[:63]
         self.to_writer = f"alloc_ledger_{zlib.crc32(schema.encode()):08x}_"  # + writer's pid
+        self.home: str | None = None  # its batch keys' start (``home_of``), once the store is open
         self.connection: psycopg.Connection[Any] | None = None
         self.decider: Decider | None = None
         self.standby: threading.Thread | None = None
@@ -398,7 +424,7 @@ class Handoff:
     def decide(self, batch: list[Event], decider: Decider) -> list[Receipt]:
         """Hand a batch over and return its receipts once they are durable."""
         self.decider = decider
-        key = uuid.uuid4().hex
+        key = home_key(self.home)
         handed = sending = False
         try:
             connection = self._writer_connection()
@@ -622,7 +648,8 @@ class Handoff:
         cursor = transaction.enter_context(self.store.combining(connection))
         try:
             held = self.in_round if committing is not None else []
-            cursor.execute(TAKE, {"committing": held, "budget": ROUND_BYTES})
+            cursor.execute(TAKE, {"committing": held, "budget": ROUND_BYTES,
+                                  "home": self.home or ""})
             rows = cursor.fetchall()
             self.in_round = [row[0] for row in rows]
             taken = [row for row in rows if row[5]]  # the others' writers are gone: dropped

@@ -68,6 +68,10 @@ class Found(NamedTuple):
     guarded: bool
     oid: int | None
     viewed: bool
+    # a log's chain hashes are there (a ledger, marked or not: a restore
+    # without comments leaves out the version mark)
+    chained: bool = False
+    handed: bool = False  # the writers' hand-over tables are there
 
 
 # What ``Found`` holds (the ledger's mark, the guards: each trigger on its
@@ -82,7 +86,12 @@ FOUND = (
     # the log's views, or whatever else holds their names
     "(SELECT COUNT(*) = pg_catalog.cardinality(%(log_views)s::text[]) FROM pg_class c "
     "JOIN pg_namespace n ON n.oid = c.relnamespace "
-    "WHERE n.nspname = %(schema)s AND c.relname = ANY(%(log_views)s::text[]))"
+    "WHERE n.nspname = %(schema)s AND c.relname = ANY(%(log_views)s::text[])), "
+    "pg_catalog.to_regclass(%(hashes)s) IS NOT NULL, "
+    # (a dump that leaves out the writers' UNLOGGED tables, whose rows name the
+    # original's sessions, restores a ledger without them)
+    "pg_catalog.to_regclass(%(handoff)s) IS NOT NULL "
+    "AND pg_catalog.to_regclass(%(outcomes)s) IS NOT NULL"
 )
 # Advisory locks are database-wide: the ledger's are in PostgreSQL's two-int
 # form (a lock space apart from the one-bigint form), a fixed number of
@@ -122,14 +131,18 @@ class PostgresSchema(PostgresConnections):
                 # replay's claim, a pooled connection between a stream's
                 # batches) are not ended by a role's or server's idle_session_timeout.
                 extra["options"] = extra.get("options", "") + " -c idle_session_timeout=0"
-            version, guarded, self.schema_oid, viewed = self._found(connection)
+            found = self._found(connection)
+            version, self.schema_oid = found.version, found.oid
             if version == SCHEMA_VERSION:
-                if not (guarded and viewed):
+                if not (found.guarded and found.viewed and found.handed):
                     self._mend(connection)
                 return
             if version > SCHEMA_VERSION:
                 raise MadeByNewer(self.shown, version, SCHEMA_VERSION) from None
-            if version == 0 and not self.create:
+            # a log without the mark (restored without comments, or of a
+            # release before it) is made up to this version as an earlier one
+            unmarked = version == 0 and found.chained
+            if version == 0 and not self.create and not unmarked:
                 self._fail(
                     f"there is no ledger in schema {self.schema} (nothing has been submitted "
                     "to it; check --store)"
@@ -138,7 +151,8 @@ class PostgresSchema(PostgresConnections):
                 key = (SCHEMA_LOCK, self._make_schema(connection))
                 connection.execute("SELECT pg_catalog.pg_advisory_lock(%s, %s)", key)
                 try:
-                    version, _, self.schema_oid, _ = self._found(connection)
+                    found = self._found(connection)
+                    version, self.schema_oid = found.version, found.oid
                     if version == 0 and (others := self._foreign(connection)):
                         self._fail(
                             f"schema {self.schema} holds tables of something else "
@@ -149,6 +163,13 @@ class PostgresSchema(PostgresConnections):
                 finally:
                     connection.execute("SELECT pg_catalog.pg_advisory_unlock(%s, %s)", key)
             except (psycopg.Error, PersistenceError) as error:
+                if unmarked and denied(error):
+                    self._fail(
+                        "its schema version mark is missing (a COMMENT on event_hashes, which "
+                        "a dump or restore with --no-comments leaves out): open it once as a "
+                        "role that may change its tables (their owner) to mark it again "
+                        f"({describe(error, hint=False)})"
+                    )
                 if version and denied(error):
                     self._fail(
                         f"it was made by an earlier alloc-ledger (schema version {version}): "
@@ -198,9 +219,9 @@ class PostgresSchema(PostgresConnections):
         return found
 
     def _mend(self, connection: psycopg.Connection[Any]) -> None:
-        """Make again the guards (``GUARDS``) of a store that lacks any, and the
-        log's views it lacks (another process may be doing it too: under the
-        schema's lock, look again)."""
+        """Make again the guards (``GUARDS``) of a store that lacks any, the
+        log's views it lacks and the writers' hand-over tables (another
+        process may be doing it too: under the schema's lock, look again)."""
         try:
             with connection.transaction():
                 connection.execute(
@@ -213,6 +234,9 @@ class PostgresSchema(PostgresConnections):
                 if not found.viewed:
                     with connection.cursor() as cursor:
                         self._make_log_views(cursor)
+                if not found.handed:  # empty: what was on its way was the original's
+                    for statement in HANDOFF_TABLES:
+                        connection.execute(statement)
         except psycopg.errors.InsufficientPrivilege:
             return  # not the owner: its next open mends them
         except psycopg.Error as error:
@@ -237,6 +261,7 @@ class PostgresSchema(PostgresConnections):
         """What the schema holds (``Found``)."""
         names = {
             "hashes": f"{self.schema}.event_hashes", "schema": self.schema,
+            "handoff": f"{self.schema}.handoff", "outcomes": f"{self.schema}.outcomes",
             "log_views": list(tables.LOG_VIEWS), **self._guard_names(),
         }
         try:
@@ -249,7 +274,8 @@ class PostgresSchema(PostgresConnections):
             self._fail(f"schema name {self.schema!r} is an SQL keyword: choose another")
         mark = MARKED.fullmatch(row[0] or "")
         version = int(mark[1]) if mark else 0
-        return Found(WITHDRAWN.get(version, version), bool(row[1]), row[2], bool(row[4]))
+        return Found(WITHDRAWN.get(version, version), bool(row[1]), row[2], bool(row[4]),
+                     bool(row[5]), bool(row[6]))
 
     def _create_schema(self, connection: psycopg.Connection[Any], extra: dict[str, str]) -> None:
         """The ledger's tables in the schema ``_make_schema`` made."""

@@ -48,7 +48,7 @@ from ledger.postgres_connections import (
     host_of,
 )
 from ledger.postgres_errors import describe
-from ledger.postgres_handoff import Handoff
+from ledger.postgres_handoff import Handoff, home_of
 from ledger.postgres_log import PostgresLog
 from ledger.postgres_pipeline import SyncingCursor, _Pipelined
 from ledger.postgres_preload import Preload
@@ -129,6 +129,7 @@ class PostgresStore(PostgresLog, PostgresReporting, PostgresSchema):
         extra.update((k, v) for k, v in options.items() if k in LIBPQ_OPTIONS)
         self.extra = extra
         self._check_and_create(timeout, extra)
+        self.handoff.home = home_of(self.schema_oid)
         try:
             self.datastore = PostgresDatastore(
                 **self.connect_args, schema=self.schema, connect_timeout=timeout,

@@ -14,7 +14,7 @@ from contextlib import closing, contextmanager
 from datetime import UTC, datetime
 from typing import Any
 
-from ledger.errors import LedgerError
+from ledger.errors import LedgerError, LogEndsEarly
 from ledger.model import timestamp
 from ledger.store import Store, open_store
 from projections.asof import AsOf, head_within, moment_of, state_at
@@ -108,10 +108,11 @@ def answering(store: Store, point: AsOf | None = None, wait: bool = False) -> It
         Projector(store).update(waits=store.lock_wait)
     with store.reading() as cursor:
         head, tracked = store.head(cursor), store.tracked(cursor)
+        if tracked > head:  # as a catch-up refuses them (SQLite's, ``wait``'s)
+            raise LogEndsEarly(head, tracked, "applied")
         # "not in the ledger" is then said of the tables' position, not of the log's
-        # (tables past the head, its last events deleted: as of the tables)
         yield Answers(Queries.of(store, cursor), tracked if head > tracked else None,
-                      behind=max(0, head - tracked))
+                      behind=head - tracked)
 
 
 @contextmanager
