@@ -47,7 +47,13 @@ def catch_up(
         if end <= start:
             return first, end
         if report:
-            line({"from": start, "to": end, "applied": end - start, "lag": ledger.lag()})
+            applied = {"from": start, "to": end, "applied": end - start}
+            try:
+                lag = ledger.lag()  # a round trip, where a stop most often lands
+            except KeyboardInterrupt:
+                line(applied | {"lag": None})  # committed: said before it stops
+                raise
+            line(applied | {"lag": lag})
 
 
 def follow(
