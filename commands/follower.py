@@ -50,8 +50,8 @@ def catch_up(
             applied = {"from": start, "to": end, "applied": end - start}
             try:
                 lag = ledger.lag()  # a round trip, where a stop most often lands
-            except KeyboardInterrupt:
-                line(applied | {"lag": None})  # committed: said before it stops
+            except (KeyboardInterrupt, StoreUnavailable):
+                line(applied | {"lag": None})  # committed: said before it stops or reconnects
                 raise
             line(applied | {"lag": lag})
 

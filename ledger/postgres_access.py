@@ -16,8 +16,9 @@ gives each one made again, or redefined, what it had:
 * a view redefined in place keeps its grants (PostgreSQL's ``CREATE OR
   REPLACE``) and gets what its siblings share too.
 
-Siblings are of the same family (the reported tables and views, or the
-writers' ``state_`` copies) and kind (tables for a table, views for a view).
+Siblings are of the same family (the reported tables and views, the
+writers' ``state_`` copies, or the log's and writers' own tables) and kind
+(tables for a table, views for a view).
 A table whose family has no table left (every projection table dropped)
 gets the SELECT grants its views share: the reporting roles' (a view left
 with no view of its family gets none).
@@ -37,6 +38,10 @@ from projections import tables
 FAMILIES = (
     tables.REPORTED,
     tuple(tables.STATE_PREFIX + name for name in (*tables.TABLES, *tables.VIEWS)),
+    # the log's and the writers' own (an open makes the hand-over tables
+    # again when a restore left them out: owned as the log is)
+    ("stored_events", "event_ids", "event_hashes", "tracking", "checkpoints", "handoff",
+     "outcomes"),
 )
 NAMES = tuple(name for family in FAMILIES for name in family)
 

@@ -87,7 +87,12 @@ FOUND = (
     "(SELECT COUNT(*) = pg_catalog.cardinality(%(log_views)s::text[]) FROM pg_class c "
     "JOIN pg_namespace n ON n.oid = c.relnamespace "
     "WHERE n.nspname = %(schema)s AND c.relname = ANY(%(log_views)s::text[])), "
-    "pg_catalog.to_regclass(%(hashes)s) IS NOT NULL, "
+    # the ledger's chain hashes, as made, beside a log (not another
+    # application's table of that name)
+    "pg_catalog.to_regclass(%(events)s) IS NOT NULL AND (SELECT pg_catalog.array_agg("
+    "a.attname::text ORDER BY a.attnum) FROM pg_attribute a "
+    "WHERE a.attrelid = pg_catalog.to_regclass(%(hashes)s) AND a.attnum > 0 "
+    "AND NOT a.attisdropped) = ARRAY['position', 'hash']::text[], "
     # (a dump that leaves out the writers' UNLOGGED tables, whose rows name the
     # original's sessions, restores a ledger without them)
     "pg_catalog.to_regclass(%(handoff)s) IS NOT NULL "
@@ -235,8 +240,9 @@ class PostgresSchema(PostgresConnections):
                     with connection.cursor() as cursor:
                         self._make_log_views(cursor)
                 if not found.handed:  # empty: what was on its way was the original's
-                    for statement in HANDOFF_TABLES:
-                        connection.execute(statement)
+                    with connection.cursor() as cursor, postgres_access.kept(cursor):
+                        for statement in HANDOFF_TABLES:
+                            cursor.execute(statement)
         except psycopg.errors.InsufficientPrivilege:
             return  # not the owner: its next open mends them
         except psycopg.Error as error:
@@ -262,6 +268,7 @@ class PostgresSchema(PostgresConnections):
         names = {
             "hashes": f"{self.schema}.event_hashes", "schema": self.schema,
             "handoff": f"{self.schema}.handoff", "outcomes": f"{self.schema}.outcomes",
+            "events": f"{self.schema}.stored_events",
             "log_views": list(tables.LOG_VIEWS), **self._guard_names(),
         }
         try:

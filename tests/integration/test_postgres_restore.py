@@ -8,6 +8,7 @@ from __future__ import annotations
 import threading
 import time
 import uuid
+from urllib.parse import urlsplit
 
 from ledger.application import Ledger
 from ledger.postgres_handoff import LEADER_LOCK
@@ -107,3 +108,63 @@ def test_a_restore_without_the_handoff_tables_can_be_written_again(
     assert alloc_ledger("replay", "--repair", url=pg_url).returncode == 0
     result = alloc_ledger("submit", "heartbeat", "--node", "n1", url=pg_url)
     assert result.returncode == 0, result.stderr
+
+
+def test_a_reading_command_leaves_another_applications_event_hashes_alone(
+    pg_url, pg_schema, alloc_ledger, pg_admin
+):
+    """An unmarked schema is taken for a ledger by its ``event_hashes`` table
+    alone: a reading command with a mistyped ``?schema=`` that names another
+    application's schema holding a table of that name made the ledger's
+    tables there and put the append-only triggers on that application's
+    table, refusing its own UPDATEs (helper-505). Before, it was told there
+    is no ledger there, and nothing was changed."""
+    pg_admin(f"CREATE SCHEMA IF NOT EXISTS {pg_schema}")
+    pg_admin(f"CREATE TABLE {pg_schema}.event_hashes (id serial, payload text)")
+    pg_admin(f"INSERT INTO {pg_schema}.event_hashes (payload) VALUES ('theirs')")
+
+    result = alloc_ledger("query", "nodes", url=pg_url)
+
+    assert result.returncode == 3, result.stderr
+    assert "there is no ledger in schema" in result.stderr, result.stderr
+    pg_admin(f"UPDATE {pg_schema}.event_hashes SET payload = 'still theirs'")  # no trigger
+
+
+def test_hand_over_tables_made_again_are_owned_as_the_log_is(
+    pg_dsn, pg_schema, alloc_ledger, pg_admin
+):
+    """Made again by whichever role opens the store first (a reading
+    command of a member of the owning role), the tables went to that member,
+    and a writer logged in as another member was refused ``permission denied
+    for table handoff`` from then on (helper-505). They go to the log's owner."""
+    owner, first, second = (f"{pg_schema}_{who}" for who in ("owner", "w1", "w2"))
+    pg_admin(f"CREATE ROLE {owner}")
+    for member in (first, second):
+        pg_admin(f"CREATE ROLE {member} LOGIN IN ROLE {owner}")
+    pg_admin(f"CREATE SCHEMA {pg_schema} AUTHORIZATION {owner}")
+    parts = urlsplit(pg_dsn)
+
+    def as_role(role: str) -> str:
+        return (f"postgresql://{role}@{parts.hostname}:{parts.port or 5432}{parts.path}"
+                f"?schema={pg_schema}")
+
+    try:
+        pg_admin(f"ALTER ROLE {first} SET role = {owner}")  # makes the ledger as the owner
+        made = alloc_ledger("submit", "node-registered", "--node", "n1", url=as_role(first))
+        assert made.returncode == 0, made.stderr
+        pg_admin(f"ALTER ROLE {first} RESET role")
+        pg_admin(f"DROP TABLE {pg_schema}.handoff, {pg_schema}.outcomes")  # as restored
+
+        assert alloc_ledger("digest", url=as_role(first)).returncode == 0  # mends them
+
+        assert pg_admin(
+            "SELECT pg_catalog.pg_get_userbyid(relowner) FROM pg_class WHERE relnamespace = "
+            f"'{pg_schema}'::regnamespace AND relname IN ('handoff', 'outcomes')"
+        ) == [(owner,), (owner,)]
+        written = alloc_ledger("submit", "heartbeat", "--node", "n1", url=as_role(second))
+        assert written.returncode == 0, written.stderr
+    finally:
+        pg_admin(f"DROP SCHEMA IF EXISTS {pg_schema} CASCADE")
+        for role in (first, second, owner):
+            pg_admin(f"DROP OWNED BY {role}")
+            pg_admin(f"DROP ROLE {role}")

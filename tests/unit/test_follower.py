@@ -217,3 +217,21 @@ def test_a_batch_committed_before_a_stop_is_still_reported(capsys):
 
     assert [json.loads(line) for line in capsys.readouterr().out.splitlines()] == [
         {"from": 0, "to": 40, "applied": 40, "lag": None}]
+
+
+class LostWhileAskingTheLag(StoppedWhileAskingTheLag):
+    """As above, but the store is lost (not a stop) during the lag's round
+    trip, after the batch committed (helper-505)."""
+
+    def lag(self) -> int:
+        raise StoreUnavailable("store x: server closed the connection unexpectedly")
+
+
+def test_a_batch_committed_before_the_store_is_lost_is_still_reported(capsys):
+    """A follower that reconnects resumes after the committed batch: unless
+    its line was printed, no line ever says positions 1-40 were applied."""
+    with pytest.raises(StoreUnavailable):
+        follower.catch_up(LostWhileAskingTheLag(), 40, report=True)  # type: ignore[arg-type]
+
+    assert [json.loads(line) for line in capsys.readouterr().out.splitlines()] == [
+        {"from": 0, "to": 40, "applied": 40, "lag": None}]
