@@ -13,6 +13,7 @@ import subprocess
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
+from hashlib import sha256
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -517,6 +518,12 @@ def test_a_malformed_digest_is_a_usage_error(text: str, sqlite_under_test: Any) 
     assert "is not a digest" in refused.stderr.decode()
 
 
+@pytest.mark.parametrize("text", ["12:" + "AB" * 32, " 12:" + "aB" * 32 + "\n"])
+def test_a_digest_is_read_whatever_the_case_of_its_hex_and_the_space_around_it(text: str) -> None:
+    """As copied from a terminal, a note or a tool that prints hex in capitals."""
+    assert Digest.parse(text) == Digest(12, "ab" * 32)
+
+
 def simulated_and_unguarded(target: StoreUnderTest, events: int) -> Attacker:
     """A simulated history of ``events`` on 4 nodes, its guards dropped."""
     with Ledger.open(target.url) as ledger:
@@ -609,6 +616,37 @@ def test_digest_refuses_a_head_whose_kept_hash_does_not_follow(attack: Attack, w
     assert one_line_error(printed.stderr) == (
         f"Error: the chain hash kept for position {head} does not follow from the event there "
         "and the hash before it; run `alloc-ledger verify` to see where the log was tampered with")
+
+
+@pytest.mark.parametrize("where", ["head", "before the head"])
+def test_digest_names_the_position_whose_chain_hash_is_gone(attack: Attack, where: str) -> None:
+    """No digest of a head whose last link cannot be checked; the error names
+    the position that lacks its hash, the head's or the one before it."""
+    head = attack.attacker.head()
+    assert run("digest", url=attack.target.url).returncode == 0
+    attack.attacker.drop_guards()  # again: opening the store put them back
+    lacking = head if where == "head" else head - 1
+    attack.attacker.drop_hash(lacking)
+
+    printed = run("digest", url=attack.target.url)
+
+    assert printed.returncode == 1
+    assert one_line_error(printed.stderr) == (
+        f"Error: position {lacking} has no chain hash; run `alloc-ledger verify` to see where "
+        "the log was tampered with")
+
+
+def test_verify_says_a_chain_hash_is_missing_rather_than_that_the_event_was_edited(
+    attack: Attack,
+) -> None:
+    """A chain hash deleted from the middle of the log: the event there is
+    as kept, and verify says what is missing, not that it was edited."""
+    attack.attacker.drop_hash(57)
+
+    found = verify(attack.store)
+
+    assert (found.position, found.verified) == (57, 56)
+    assert found.problem == "position 57 has no chain hash"
 
 
 # How a DBA takes a guard away by hand "to fix a row": on PostgreSQL every
@@ -905,3 +943,60 @@ def test_an_event_appended_after_a_cut_is_not_silently_missing_from_queries(
     shown = asked.returncode == 0 and any(
         row["node"] == "late" for row in json.loads(asked.stdout))
     assert shown or asked.returncode != 0, "node late is missing and the answer exits 0"
+
+
+def test_an_event_deleted_with_its_chain_hash_and_id_is_named_as_missing(attack: Attack) -> None:
+    """Deleted with its chain hash and client id, an event leaves no orphan
+    hash to point at the gap: verify names the missing position itself,
+    where what is verified ends, not the next event as if it were edited."""
+    attack.attacker.delete(120)
+    attack.attacker.drop_hash(120)
+    attack.attacker.sql("DELETE FROM event_ids WHERE position = ?", (120,))
+
+    found = verify(attack.store)
+
+    assert (found.position, found.verified) == (120, 119)
+    assert found.problem == "position 120 is missing from the log (the next kept event is at 121)"
+
+
+def test_each_kept_hash_is_sha256_over_the_previous_hash_position_topic_and_bytes(
+    under_test: StoreUnderTest,
+) -> None:
+    """docs/audit.md, "What is hashed", computed here from that text alone: a
+    digest kept elsewhere, and every store an earlier release wrote, holds
+    hashes made this way, so a change to it fails them all, not only this
+    release's own round trip."""
+    with Ledger.open(under_test.url) as ledger:
+        list(ledger.submit_many(texts(history(12, nodes=2)), batch=5))
+        store = ledger.store
+        with store.reading() as cursor:
+            kept = [(store.hash_at(cursor, e.originator_version), e)
+                    for e in store.read_log(0, store.head(cursor))]
+        digest = current_digest(store)
+    previous = GENESIS
+    for position, (hashed, event) in enumerate(kept, start=1):
+        previous = sha256(
+            b"%s\n%d\n%s\n%s" % (previous.encode(), position, event.topic.encode(),
+                                 bytes(event.state))).hexdigest()
+        assert hashed == previous, position
+    assert str(digest) == f"{len(kept)}:{previous}"
+
+
+def test_a_digest_proves_even_the_last_event_alone_was_cut_once_the_tables_were_repaired(
+    attack: Attack,
+) -> None:
+    """With the tables made again from the cut log (``replay --repair``),
+    they no longer tell that its last event is gone: the digest kept at the
+    old head still does, however few events were cut."""
+    attack.attacker.truncate(1)
+    repaired = run("replay", "--repair", url=attack.target.url)
+    assert repaired.returncode == 0, repaired.stderr
+    assert run("verify", url=attack.target.url).returncode == 0  # the cut log holds
+
+    proved = run("verify", "--digest", str(attack.digest), url=attack.target.url)
+
+    assert proved.returncode == 1, proved.stderr
+    assert one_line_error(proved.stderr).endswith(
+        "the log ends at position 239, before the digest's position 240: events after 239 "
+        "were removed, or the digest is of another ledger"
+    )

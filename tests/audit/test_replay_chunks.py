@@ -5,6 +5,9 @@ memory. On SQLite and on PostgreSQL."""
 
 from __future__ import annotations
 
+import pytest
+
+from ledger.errors import LogEndsEarly
 from projections import replay as replaying
 from projections.replay import replay
 
@@ -36,3 +39,16 @@ def test_a_replay_chunk_ends_at_the_bytes_it_may_hold(cluster, monkeypatch):
     # two large events at most per chunk: the six rejections take three chunks at least
     assert len(written) >= 4, len(written)
     assert cluster.rows("SELECT COUNT(*) AS n FROM rejections") == [{"n": 6}]
+
+
+def test_a_replay_sent_past_the_end_of_the_log_names_where_it_ends(cluster):
+    """A replay is sent to where the live tables (or the head) are; a log that
+    ends before it there (its last events deleted meanwhile) is named, never
+    taken as replayed that far and compared as if it were."""
+    cluster.ready_node("n1", slots=1)
+    head = cluster.head()
+
+    with replaying.scratch_tables(cluster.ledger.store) as scratch, pytest.raises(
+        LogEndsEarly, match=f"the log ends at position {head}, before its head {head + 2}"
+    ):
+        scratch.replay_to(head + 2)

@@ -5,11 +5,13 @@ starts from one only if it is bound to this log."""
 from __future__ import annotations
 
 import sqlite3
+import zlib
 from datetime import datetime
 
 import pytest
 
 from ledger.application import Ledger
+from ledger.errors import StoreUnavailable
 from projections import checkpoints
 from projections.asof import AsOf, materialize, rebuild
 from scripts.simulate import generate
@@ -113,6 +115,22 @@ def test_the_nearest_checkpoint_may_be_at_the_very_position_or_time_asked(tmp_pa
     assert (at_40[1], at_39[1], by_time[1]) == (40, 30, 40)
 
 
+def test_an_as_of_time_starts_from_no_checkpoint_kept_after_that_time(tmp_path):
+    """A checkpoint keeps the latest ``at`` it replayed, so that an as-of
+    time replays from one wholly before it: with checkpoints up to 40, the
+    time of event 25 starts at 20 and stops where a replay from scratch does."""
+    events = list(generate(60, nodes=5, slots=2, seed=4))
+    moment = AsOf.parse(events[24]["at"])
+    with checkpointed(tmp_path / "l.db") as ledger:
+        found = checkpoints.nearest(ledger.store, None, moment.at)
+        cluster, position = rebuild(ledger.store, moment, every=10)
+        scratch, scratch_position = rebuild(ledger.store, moment, every=0)
+    assert found is not None and found[1] == 20
+    assert moment.at is not None and found[2] <= moment.at  # wholly before the time
+    assert position == scratch_position < 40
+    assert dump(cluster) == dump(scratch)
+
+
 @pytest.mark.parametrize("position", [39, 40, 41])  # a checkpoint is kept at 40
 def test_an_as_of_replay_starts_from_no_checkpoint_beyond_its_position(tmp_path, position):
     with checkpointed(tmp_path / "l.db") as ledger:
@@ -152,6 +170,46 @@ def test_a_checkpoint_not_bound_to_this_log_is_passed_over_and_replaced(tmp_path
         assert dump(cluster) == dump(scratch)
         assert kept_checkpoints(path) == [10, 20, 30, 40]  # kept again
         assert checkpoints.nearest(ledger.store, 45, None)[1] == 40  # type: ignore[index]
+
+
+@pytest.mark.timeout(60)  # a bad checkpoint that stays is looked at once, not again and again
+def test_a_reader_that_may_not_drop_a_bad_checkpoint_passes_over_it_all_the_same(
+    tmp_path, monkeypatch
+):
+    """A role that may not write keeps the bad checkpoint where it is: the
+    lookup goes on below it, to the one before, rather than finding it again."""
+    path = tmp_path / "l.db"
+    with checkpointed(path) as ledger:
+        edit(path, "UPDATE checkpoints SET state = x'00112233' WHERE position = 40")
+
+        def may_not_write(*args, **kwargs):
+            raise StoreUnavailable("may not write the projection tables")
+
+        monkeypatch.setattr(ledger.store, "projecting", may_not_write)
+        found = checkpoints.nearest(ledger.store, 45, None)
+    assert found is not None and found[1] == 30
+    assert kept_checkpoints(path) == [10, 20, 30, 40]  # not dropped
+
+
+def test_a_bound_checkpoint_this_release_cannot_restore_is_passed_over(tmp_path):
+    """Its hash matches (kept by a release whose state another shape, say),
+    yet its state is no snapshot this release reads: the as-of replay starts
+    from the one before, answers as a replay from scratch, and replaces it."""
+    path = tmp_path / "l.db"
+    with checkpointed(path) as ledger:
+        with ledger.store.reading() as cursor:
+            chain_hash = ledger.store.hash_at(cursor, 40)
+        max_at = checkpoints.nearest(ledger.store, 40, None)[2]  # type: ignore[index]
+        for state in (zlib.compress(b'{"nodes": 1}'), zlib.compress(b"[1, 2")):
+            edit(path, "UPDATE checkpoints SET state = ?, hash = ? WHERE position = 40",
+                 state, checkpoints.bound(chain_hash, max_at, state))
+
+            found = checkpoints.nearest(ledger.store, 45, None)
+            assert found is not None and found[1] == 30
+            cluster, _ = rebuild(ledger.store, AsOf(position=45), every=10)
+            scratch, _ = rebuild(ledger.store, AsOf(position=45), every=0)
+            assert dump(cluster) == dump(scratch)
+            assert checkpoints.nearest(ledger.store, 45, None)[1] == 40  # type: ignore[index]
 
 
 def test_checkpoints_an_earlier_release_kept_are_passed_over(tmp_path):

@@ -272,6 +272,39 @@ def test_an_address_held_by_a_task_that_has_not_shut_down_is_not_given_away(clus
     assert cluster.slot_state("n1", 0) == ("free", None)
 
 
+def test_an_allocation_placed_before_the_store_was_reopened_is_not_placed_again(cluster):
+    """With the caches cold (another process placed it), the allocation a
+    placement names is read back from the tables before the batch is decided
+    (``Store.preload``): found, it is the same placement or a refused one,
+    never a second allocation under the same id."""
+    cluster.ready_node("n1", slots=2)
+    placed = cluster.place("a1", "n1", slot=0, job="web")
+    cluster.reopen()
+
+    again = cluster.submit("alloc-placed", alloc="a1", node="n1", slot=0, job="web")
+    reason = cluster.refused("alloc-placed", alloc="a1", node="n1", slot=1, job="web")
+
+    assert (again.status, again.position) == ("duplicate", placed)
+    assert reason == "allocation a1 already holds slot n1#0"
+    assert cluster.alloc("a1")["slot"] == 0
+    assert cluster.slot_state("n1", 1) == ("free", None)
+
+
+def test_an_address_held_before_the_store_was_reopened_is_not_given_away(cluster):
+    """With the caches cold, who holds the addresses a placement asks for is
+    read back from the tables (``Store.preload``): the holder keeps it."""
+    cluster.ready_node("n1", slots=1)
+    cluster.running("t1", "n1", addresses=["10.0.0.5"])
+    cluster.reopen()
+
+    reason = cluster.refused("alloc-placed", alloc="t2", node="n1", slot=0,
+                             addresses=["10.0.0.9", "10.0.0.5"])
+
+    assert reason == "address 10.0.0.5 is still held by allocation t1, which has not shut down"
+    assert cluster.holder("10.0.0.5") == ("t1", "held")
+    assert cluster.holder("10.0.0.9") is None
+
+
 def test_an_address_stays_held_through_stop_and_remove_requests(cluster):
     cluster.ready_node("n1")
     cluster.running("t1", "n1", addresses=["10.0.0.5"])
