@@ -315,9 +315,11 @@ def test_a_column_dropped_by_hand_is_named_and_its_table_made_whole_again(
 
     refused = run("submit", "heartbeat", "--node", "n0", url=under_test.url)
     assert refused.returncode == 3
+    # (SQLite knows a write that failed before its COMMIT kept nothing)
+    not_kept = "; the event was not kept" if under_test.dialect == "sqlite" else ""
     assert one_line_error(refused.stderr).endswith(
         "(a column of a projection table dropped by hand? alloc-ledger replay --repair makes "
-        "the table whole again from the log)")
+        f"the table whole again from the log){not_kept}")
     code, report, _ = replayed(under_test)
     assert code == 1
     assert [(d["table"], d["column"]) for d in report["differences"]
