@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta, timezone
 from typing import Any
 
-from hypothesis import event
+from hypothesis import HealthCheck, Phase, event, given, seed, settings
 from hypothesis import strategies as st
 
 TERMINAL = frozenset({"complete", "failed", "lost"})
@@ -1246,20 +1246,71 @@ def scenarios(draw: st.DrawFn, max_steps: int = 50) -> Scenario:
     """A stream that starts with ready nodes (some under a parent chain), then
     mostly placements, updates and heartbeats, with some of everything else."""
     gen = Generator(draw)
-    count = draw(st.integers(2, 5))
-    for _ in range(count):
-        parent = None
-        if gen.names and gen.pct(50):
-            parent = gen.pick(gen.node_names())
-        gen.register(f"n{gen.names + 1}", parent, gen.pick([2, 3, 1, 2, 0]))
+
+    def parent() -> str | None:
+        return gen.pick(gen.node_names()) if gen.names and gen.pct(50) else None
+
+    return drawn_scenario(draw, gen, draw(st.integers(2, 5)), parent, [2, 3, 1, 2, 0],
+                          ACTIONS, max_steps)
+
+
+def drawn_scenario(
+    draw: st.DrawFn, gen: Any, nodes: int, parent: Callable[[], str | None],
+    slot_counts: list[int], actions: Any, max_steps: int,
+) -> Scenario:
+    """``nodes`` registered (each under ``parent()``) and heartbeating, then
+    ``actions`` of ``gen`` drawn, in batches of drawn sizes, the ledger
+    reopened after some."""
+    for _ in range(nodes):
+        above = parent()
+        gen.register(f"n{gen.names + 1}", above, gen.pick(slot_counts))
         gen.names += 1
     for name in gen.node_names():
         gen.emit({"type": "heartbeat", "node": name}, "heartbeat")
     for _ in range(draw(st.integers(10, max_steps))):
-        getattr(gen, draw(st.sampled_from(ACTIONS)))()
+        getattr(gen, draw(st.sampled_from(actions)))()
     sizes = draw(st.lists(st.integers(1, 8) | st.just(64), min_size=1, max_size=4))
     reopen = draw(st.sets(st.integers(0, 15), max_size=2))
     return Scenario(gen.steps, sizes, frozenset(reopen))
+
+
+def require_reached(
+    strategy: Any, count: Callable[[Scenario], None], seen: Counter[str], names: Any,
+    capsys: Any, what: str, seeds: range = range(5), each: int = 25,
+) -> None:
+    """``count`` each example of ``strategy`` drawn with fixed seeds into
+    ``seen`` (the model alone decides, so this is quick), print the counts of
+    ``names`` and require each in at least 3 examples. Several seeds, as
+    Hypothesis draws most examples of a run from a few."""
+    for number in seeds:
+        seed(number)(settings(
+            max_examples=each, database=None, deadline=None, phases=[Phase.generate],
+            suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+        )(given(strategy)(count)))()
+    examples = len(seeds) * each
+    with capsys.disabled():
+        print(f"\nexamples reaching each {what}, of {examples}:")
+        for name in names:
+            print(f"  {seen[name]:4d}  {name}")
+    missing = {name: seen[name] for name in names if seen[name] < 3}
+    assert not missing, f"reached in fewer than 3 of {examples} examples: {missing}"
+
+
+def run_checked_on_postgresql(
+    dsn: str, admin: Callable[[str], Any], scenario: Scenario, inline: bool,
+    finish: Callable[[Any, Model], None],
+) -> Model:
+    """``run_checked`` in a fresh schema of the PostgreSQL at ``dsn`` (its
+    projections inline, or brought up to date by ``project``), dropped after."""
+    import uuid
+
+    schema = f"t_{uuid.uuid4().hex[:16]}"
+    options = f"schema={schema}" + ("&projections=inline" if inline else "")
+    try:
+        return run_checked(f"{dsn}{'&' if '?' in dsn else '?'}{options}", scenario,
+                           project=not inline, finish=finish)
+    finally:
+        admin(f"DROP SCHEMA IF EXISTS {schema} CASCADE")
 
 
 def replay_model(scenario: Scenario) -> tuple[Model, list[Outcome]]:

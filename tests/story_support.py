@@ -17,7 +17,7 @@ from __future__ import annotations
 from typing import Any
 
 from hypothesis import strategies as st
-from model_support import ACTIONS, Generator, Model, Scenario
+from model_support import ACTIONS, Generator, Model, Scenario, drawn_scenario
 
 
 class StoryGenerator(Generator):
@@ -151,19 +151,14 @@ STORY_ACTIONS = (
 def story_scenarios(draw: st.DrawFn, max_steps: int = 50) -> Scenario:
     """Ready nodes, mostly in a chain or two, then the four stories interleaved."""
     gen = StoryGenerator(draw)
-    for _ in range(draw(st.integers(2, 6))):
-        parent = None
-        if gen.names and gen.pct(70):
-            parent = f"n{gen.names}" if gen.pct(60) else gen.pick(gen.node_names())
-        gen.register(f"n{gen.names + 1}", parent, gen.pick([2, 1, 3, 0]))
-        gen.names += 1
-    for name in gen.node_names():
-        gen.emit({"type": "heartbeat", "node": name}, "heartbeat")
-    for _ in range(draw(st.integers(10, max_steps))):
-        getattr(gen, draw(st.sampled_from(STORY_ACTIONS)))()
-    sizes = draw(st.lists(st.integers(1, 8) | st.just(64), min_size=1, max_size=4))
-    reopen = draw(st.sets(st.integers(0, 15), max_size=2))
-    return Scenario(gen.steps, sizes, frozenset(reopen))
+
+    def parent() -> str | None:  # mostly the last node: chains several deep
+        if not (gen.names and gen.pct(70)):
+            return None
+        return f"n{gen.names}" if gen.pct(60) else gen.pick(gen.node_names())
+
+    return drawn_scenario(draw, gen, draw(st.integers(2, 6)), parent, [2, 1, 3, 0],
+                          STORY_ACTIONS, max_steps)
 
 
 # The rare paths the plain streams reach in a few examples of hundreds.

@@ -14,7 +14,6 @@ some batches. Writers keep the projection tables inline
 
 from __future__ import annotations
 
-import uuid
 from collections.abc import Callable
 from typing import Any
 
@@ -27,7 +26,7 @@ from model_support import (
     check_as_of,
     check_history,
     label,
-    run_checked,
+    run_checked_on_postgresql,
     scenarios,
 )
 
@@ -41,16 +40,9 @@ def test_every_event_agrees_with_the_model_and_a_replay_on_postgresql(
     pg_dsn: str, pg_admin: Callable[[str], list[tuple[Any, ...]]],
     scenario: Scenario, inline: bool, moment: int,
 ) -> None:
-    schema = f"t_{uuid.uuid4().hex[:16]}"
-    options = f"schema={schema}" + ("&projections=inline" if inline else "")
-    url = f"{pg_dsn}{'&' if '?' in pg_dsn else '?'}{options}"
-    try:
+    def finish(ledger: Any, model: Model) -> None:
+        check_history(ledger, model, moment)
+        check_as_of(ledger, scenario, moment % (model.head + 1))
 
-        def finish(ledger: Any, model: Model) -> None:
-            check_history(ledger, model, moment)
-            check_as_of(ledger, scenario, moment % (model.head + 1))
-
-        model = run_checked(url, scenario, project=not inline, finish=finish)
-    finally:
-        pg_admin(f"DROP SCHEMA IF EXISTS {schema} CASCADE")
+    model = run_checked_on_postgresql(pg_dsn, pg_admin, scenario, inline, finish)
     label(model)

@@ -11,14 +11,13 @@ Skipped without ``ALLOC_LEDGER_TEST_PG``.
 from __future__ import annotations
 
 import os
-import uuid
 from collections.abc import Callable
 from typing import Any
 
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from model_support import Model, Scenario, check_history, label, run_checked
+from model_support import Model, Scenario, check_history, label, run_checked_on_postgresql
 from story_support import story_scenarios
 
 pytestmark = pytest.mark.postgres
@@ -32,15 +31,8 @@ def test_story_streams_agree_with_the_model_on_postgresql(
     pg_dsn: str, pg_admin: Callable[[str], list[tuple[Any, ...]]],
     scenario: Scenario, inline: bool,
 ) -> None:
-    schema = f"t_{uuid.uuid4().hex[:16]}"
-    options = f"schema={schema}" + ("&projections=inline" if inline else "")
-    url = f"{pg_dsn}{'&' if '?' in pg_dsn else '?'}{options}"
-    try:
+    def finish(ledger: Any, model: Model) -> None:
+        check_history(ledger, model, 0)
 
-        def finish(ledger: Any, model: Model) -> None:
-            check_history(ledger, model, 0)
-
-        model = run_checked(url, scenario, project=not inline, finish=finish)
-    finally:
-        pg_admin(f"DROP SCHEMA IF EXISTS {schema} CASCADE")
+    model = run_checked_on_postgresql(pg_dsn, pg_admin, scenario, inline, finish)
     label(model)

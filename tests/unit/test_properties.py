@@ -36,7 +36,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from hypothesis import HealthCheck, Phase, given, seed, settings
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from model_support import (
     INVALID_KINDS,
@@ -49,6 +49,7 @@ from model_support import (
     label,
     normal_at,
     replay_model,
+    require_reached,
     run_checked,
     scenarios,
 )
@@ -174,17 +175,7 @@ def test_the_streams_reach_every_state_and_every_rejection(capsys: Any) -> None:
         seen.update(set(model.reached))
         seen.update({f"invalid:{s.label}" for s in scenario.steps if s.event is None})
 
-    for number in seeds:
-        seed(number)(settings(
-            max_examples=each, database=None, deadline=None, phases=[Phase.generate],
-            suppress_health_check=SLOW)(given(scenarios())(count)))()
-    examples = len(seeds) * each
-    with capsys.disabled():
-        print(f"\nexamples reaching each state, of {examples}:")
-        for name in MUST_REACH:
-            print(f"  {seen[name]:4d}  {name}")
-    missing = {name: seen[name] for name in MUST_REACH if seen[name] < 3}
-    assert not missing, f"reached in fewer than 3 of {examples} examples: {missing}"
+    require_reached(scenarios(), count, seen, MUST_REACH, capsys, "state", seeds=seeds, each=each)
 
 
 def test_a_retry_is_a_duplicate_of_the_first_answer(tmp_path: Path) -> None:

@@ -40,9 +40,18 @@ from pathlib import Path
 from typing import Any, cast
 
 from cli_support import invoke
-from hypothesis import HealthCheck, Phase, given, seed, settings
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from model_support import DEFAULTS, Model, Scenario, check_as_of, check_history, label, run_checked
+from model_support import (
+    DEFAULTS,
+    Model,
+    Scenario,
+    check_as_of,
+    check_history,
+    label,
+    require_reached,
+    run_checked,
+)
 from story_support import STORY_REACH, rare, story_scenarios
 
 from ledger.application import Ledger
@@ -208,14 +217,5 @@ def test_story_streams_reach_the_rare_paths(capsys: Any) -> None:
             model.submit(step.event)
         seen.update(reached)
 
-    for number in seeds:
-        seed(number)(settings(
-            max_examples=each, database=None, deadline=None, phases=[Phase.generate],
-            suppress_health_check=SLOW)(given(story_scenarios())(count)))()
-    examples = len(seeds) * each
-    with capsys.disabled():
-        print(f"\nexamples reaching each rare path, of {examples}:")
-        for name in STORY_REACH:
-            print(f"  {seen[name]:4d}  {name}")
-    missing = {name: seen[name] for name in STORY_REACH if seen[name] < 3}
-    assert not missing, f"reached in fewer than 3 of {examples} examples: {missing}"
+    require_reached(story_scenarios(), count, seen, STORY_REACH, capsys, "rare path",
+                    seeds=seeds, each=each)
