@@ -419,10 +419,11 @@ def _result_line(number: int, receipt: Receipt) -> str:
 # In the summary beside the four statuses: the duplicates that retried a
 # rejected event (they did not take effect either: exit 1).
 OF_REJECTED = "duplicate_of_rejected"
+NO_LINE_KEPT = "no line was kept"  # what a stream stopped before its first result kept
 
 
 def _print(
-    results: Any, quiet: bool, progress: bool, held: Held, nothing: str = "no line was kept"
+    results: Any, quiet: bool, progress: bool, held: Held, nothing: str = NO_LINE_KEPT
 ) -> Counter[str]:
     shown = time.monotonic()
     # The results tallied and the last line among them, replaced whole once a
@@ -477,7 +478,7 @@ def _clear(progress: bool) -> None:
 
 
 def _kept_until(
-    counts: Counter[str], reported: int, settled: bool = False, nothing: str = "no line was kept"
+    counts: Counter[str], reported: int, settled: bool = False, nothing: str = NO_LINE_KEPT
 ) -> str:
     """What a submit stopped midway (Ctrl-C, SIGTERM, SIGHUP, a lost store) had
     decided and kept; ``settled``: no batch was left with the store unanswered

@@ -35,13 +35,16 @@ from psycopg import sql
 
 from projections import tables
 
+# The log's tables and the writers' own (an open makes the hand-over tables
+# again when a restore left them out: owned as the log is).
+LOG_TABLES = (
+    "stored_events", "event_ids", "event_hashes", "tracking", "checkpoints", "handoff",
+    "outcomes",
+)
 FAMILIES = (
     tables.REPORTED,
     tuple(tables.STATE_PREFIX + name for name in (*tables.TABLES, *tables.VIEWS)),
-    # the log's and the writers' own (an open makes the hand-over tables
-    # again when a restore left them out: owned as the log is)
-    ("stored_events", "event_ids", "event_hashes", "tracking", "checkpoints", "handoff",
-     "outcomes"),
+    LOG_TABLES,
 )
 NAMES = tuple(name for family in FAMILIES for name in family)
 

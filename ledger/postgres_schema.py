@@ -98,6 +98,8 @@ FOUND = (
     "pg_catalog.to_regclass(%(handoff)s) IS NOT NULL "
     "AND pg_catalog.to_regclass(%(outcomes)s) IS NOT NULL"
 )
+UNMARKED = ("its schema version mark is missing (a COMMENT on event_hashes, which a dump or "
+            "restore with --no-comments leaves out)")
 # Advisory locks are database-wide: the ledger's are in PostgreSQL's two-int
 # form (a lock space apart from the one-bigint form), a fixed number of
 # alloc-ledger's and the schema's OID, so no two schemas' locks are one.
@@ -107,8 +109,7 @@ SCHEMA_LOCK = -275817905  # crc32("alloc-ledger:schema") as a signed int4
 # The ledger's tables and views but those a reporting role reads: the log
 # and its indexes, tracking, the writers' own.
 OWN_TABLES = (
-    "stored_events", "event_ids", "event_hashes", TRACKING, "checkpoints",
-    "handoff", "outcomes", *(STATE_PREFIX + t for t in (*tables.TABLES, *tables.VIEWS)),
+    *postgres_access.LOG_TABLES, *(STATE_PREFIX + t for t in (*tables.TABLES, *tables.VIEWS)),
 )
 
 
@@ -168,19 +169,14 @@ class PostgresSchema(PostgresConnections):
                 finally:
                     connection.execute("SELECT pg_catalog.pg_advisory_unlock(%s, %s)", key)
             except (psycopg.Error, PersistenceError) as error:
-                if unmarked and denied(error):
+                if (unmarked or version) and denied(error):
+                    why, then = (
+                        (UNMARKED, "mark it again") if unmarked else
+                        (f"it was made by an earlier alloc-ledger (schema version {version})",
+                         "upgrade it"))
                     self._fail(
-                        "its schema version mark is missing (a COMMENT on event_hashes, which "
-                        "a dump or restore with --no-comments leaves out): open it once as a "
-                        "role that may change its tables (their owner) to mark it again "
-                        f"({describe(error, hint=False)})"
-                    )
-                if version and denied(error):
-                    self._fail(
-                        f"it was made by an earlier alloc-ledger (schema version {version}): "
-                        "open it once as a role that may change its tables (their owner) to "
-                        f"upgrade it ({describe(error, hint=False)})"
-                    )
+                        f"{why}: open it once as a role that may change its tables (their "
+                        f"owner) to {then} ({describe(error, hint=False)})")
                 self._fail(describe(error))
 
     def _foreign(self, connection: psycopg.Connection[Any]) -> list[str]:

@@ -270,6 +270,29 @@ def test_a_role_that_may_not_upgrade_a_store_of_the_last_version_is_told_who_may
     assert as_role("SELECT node, health_reason FROM nodes") == [("n1", None)]
 
 
+def test_a_role_that_may_not_mark_a_restored_store_again_is_told_who_may(
+    granted, ledger_url, pg_dsn, pg_schema, pg_admin, alloc_ledger, as_role
+):
+    """A restore without comments leaves out the version mark; a reporting
+    role cannot put it back, and is told why and who can (helper-502)."""
+    pg_admin(f"COMMENT ON TABLE {pg_schema}.event_hashes IS NULL")  # --no-comments
+    parts = urlsplit(pg_dsn)
+    as_reporter = f"postgresql://{granted}@{parts.hostname}:{parts.port or 5432}{parts.path}"
+
+    refused = alloc_ledger("query", "nodes", url=f"{as_reporter}?schema={pg_schema}")
+    assert refused.returncode == 3
+    assert refused.stderr.startswith(
+        f"Error: cannot open store {as_reporter}?schema={pg_schema}: its schema version mark "
+        "is missing (a COMMENT on event_hashes, which a dump or restore with --no-comments "
+        "leaves out): open it once as a role that may change its tables (their owner) to mark "
+        "it again ("
+    ), refused.stderr
+    assert refused.stderr.count("\n") == 1
+
+    assert alloc_ledger("query", "nodes", url=ledger_url).returncode == 0  # the owner marks it
+    assert as_role("SELECT node FROM nodes") == [("n1",)]
+
+
 def test_what_the_role_had_beyond_reading_the_projections_is_revoked(
     ledger_url, role, as_role, alloc_ledger, pg_schema, pg_admin
 ):
