@@ -243,6 +243,17 @@ def test_a_role_that_may_not_add_the_ids_guards_opens_the_store_without_them(
     assert pg_admin(guards) == [(2,)]
 
 
+def refused_as(role: str, dsn: str, schema: str, alloc_ledger: Any, why: str) -> None:
+    """``query nodes`` as ``role`` refused in one line, exit 3, saying ``why``
+    (its start) after the store's URL."""
+    parts = urlsplit(dsn)
+    url = f"postgresql://{role}@{parts.hostname}:{parts.port or 5432}{parts.path}?schema={schema}"
+    refused = alloc_ledger("query", "nodes", url=url)
+    assert refused.returncode == 3
+    assert refused.stderr.startswith(f"Error: cannot open store {url}: {why}"), refused.stderr
+    assert refused.stderr.count("\n") == 1
+
+
 @pytest.mark.parametrize("creates_schemas", [False, True], ids=["reader", "may-create-schemas"])
 def test_a_role_that_may_not_upgrade_a_store_of_the_last_version_is_told_who_may(
     granted, ledger_url, pg_dsn, pg_schema, pg_admin, alloc_ledger, as_role, creates_schemas
@@ -254,17 +265,10 @@ def test_a_role_that_may_not_upgrade_a_store_of_the_last_version_is_told_who_may
         pg_admin(f"GRANT CREATE ON DATABASE {database} TO {granted}")
     pg_admin(f"COMMENT ON TABLE {pg_schema}.event_hashes IS 'alloc-ledger schema 3'")
     pg_admin(f"ALTER TABLE {pg_schema}.nodes DROP COLUMN health_reason")
-    parts = urlsplit(pg_dsn)
-    as_reporter = f"postgresql://{granted}@{parts.hostname}:{parts.port or 5432}{parts.path}"
 
-    refused = alloc_ledger("query", "nodes", url=f"{as_reporter}?schema={pg_schema}")
-    assert refused.returncode == 3
-    assert refused.stderr.startswith(
-        f"Error: cannot open store {as_reporter}?schema={pg_schema}: it was made by an earlier "
-        "alloc-ledger (schema version 3): open it once as a role that may change its tables "
-        "(their owner) to upgrade it ("
-    ), refused.stderr
-    assert refused.stderr.count("\n") == 1
+    refused_as(granted, pg_dsn, pg_schema, alloc_ledger, (
+        "it was made by an earlier alloc-ledger (schema version 3): open it once as a role "
+        "that may change its tables (their owner) to upgrade it ("))
 
     assert alloc_ledger("query", "nodes", url=ledger_url).returncode == 0  # the owner upgrades it
     assert as_role("SELECT node, health_reason FROM nodes") == [("n1", None)]
@@ -276,18 +280,11 @@ def test_a_role_that_may_not_mark_a_restored_store_again_is_told_who_may(
     """A restore without comments leaves out the version mark; a reporting
     role cannot put it back, and is told why and who can (helper-502)."""
     pg_admin(f"COMMENT ON TABLE {pg_schema}.event_hashes IS NULL")  # --no-comments
-    parts = urlsplit(pg_dsn)
-    as_reporter = f"postgresql://{granted}@{parts.hostname}:{parts.port or 5432}{parts.path}"
 
-    refused = alloc_ledger("query", "nodes", url=f"{as_reporter}?schema={pg_schema}")
-    assert refused.returncode == 3
-    assert refused.stderr.startswith(
-        f"Error: cannot open store {as_reporter}?schema={pg_schema}: its schema version mark "
-        "is missing (a COMMENT on event_hashes, which a dump or restore with --no-comments "
-        "leaves out): open it once as a role that may change its tables (their owner) to mark "
-        "it again ("
-    ), refused.stderr
-    assert refused.stderr.count("\n") == 1
+    refused_as(granted, pg_dsn, pg_schema, alloc_ledger, (
+        "its schema version mark is missing (a COMMENT on event_hashes, which a dump or "
+        "restore with --no-comments leaves out): open it once as a role that may change its "
+        "tables (their owner) to mark it again ("))
 
     assert alloc_ledger("query", "nodes", url=ledger_url).returncode == 0  # the owner marks it
     assert as_role("SELECT node FROM nodes") == [("n1",)]
