@@ -91,7 +91,8 @@ Name = Annotated[str, Field(min_length=1, max_length=128, pattern=NO_NUL)]
 NewName = Annotated[str, Field(min_length=1, max_length=128, pattern=TRIMMED)]
 # '#' separates node and slot (n1#0), so a node name may not contain it.
 NodeName = Annotated[str, Field(min_length=1, max_length=128, pattern=r"^[^#\x00]+$")]
-NewNodeName = Annotated[str, Field(min_length=1, max_length=128, pattern=_trimmed("#" + NOWHERE))]
+NEW_NODE = _trimmed("#" + NOWHERE)
+NewNodeName = Annotated[str, Field(min_length=1, max_length=128, pattern=NEW_NODE)]
 Address = Annotated[str, Field(min_length=1, max_length=256, pattern=TRIMMED)]
 # A slot index is any integer a column holds: one out of the node's range
 # (below 0 too) is a rule's to refuse (SPEC: rejected, kept in the
@@ -108,7 +109,9 @@ Text = Annotated[str, Field(max_length=1024, pattern=NO_NUL)]
 # "format": "date-time", which refuses the space RFC 3339 allows for T.
 Instant = Annotated[str, Field(pattern=RFC3339, json_schema_extra={
     "pattern": RFC3339_IN_RANGE,
-    "description": "RFC 3339 time with a zone (Z or +hh:mm); T, t or a space before the time",
+    "description": ("RFC 3339 time with a zone (Z or +hh:mm); T, t or a space before the time; "
+                    "no leap second (:60); within the years 1 to 9999 in UTC, which the "
+                    "pattern cannot say of an offset (0001-01-01T00:00:00+00:01 is refused)"),
 })]
 
 
@@ -164,6 +167,8 @@ class Envelope(TypedDict):
 
 @with_config(STRICT)
 class NodeRegistered(Envelope):
+    """A new node, initializing, health ok, with slots 0..slots-1 (default 0). Rejected when the node exists, or its parent is missing, down or removed."""
+
     type: Literal["node-registered"]
     node: NewNodeName
     slots: NotRequired[Annotated[int, Field(ge=0, le=MAX_SLOTS)] | None]
@@ -172,6 +177,8 @@ class NodeRegistered(Envelope):
 
 @with_config(STRICT)
 class Heartbeat(Envelope):
+    """The node is alive: initializing or down becomes ready; disconnected becomes initializing while an allocation of it needs to reconnect, else ready. A slot report replaces the node's last one. Rejected for a node missing or removed."""
+
     type: Literal["heartbeat"]
     node: NodeName
     slots: NotRequired[list[SlotReport] | None]
@@ -179,12 +186,16 @@ class Heartbeat(Envelope):
 
 @with_config(STRICT)
 class HeartbeatMissed(Envelope):
+    """A ready or initializing node becomes disconnected when an allocation on it may wait (max_disconnect, desired run, not terminal), else down."""
+
     type: Literal["heartbeat-missed"]
     node: NodeName
 
 
 @with_config(STRICT)
 class NodeDown(Envelope):
+    """The node becomes down; every non-terminal allocation on it and on the nodes under it becomes lost, desired stop."""
+
     type: Literal["node-down"]
     node: NodeName
     reason: NotRequired[Text | None]
@@ -192,12 +203,16 @@ class NodeDown(Envelope):
 
 @with_config(STRICT)
 class NodeRemoved(Envelope):
+    """The node is removed, with the cascade of node-down; later events for it are rejected."""
+
     type: Literal["node-removed"]
     node: NodeName
 
 
 @with_config(STRICT)
 class NodeSuspected(Envelope):
+    """The node's health becomes suspect: it takes no placements."""
+
     type: Literal["node-suspected"]
     node: NodeName
     reason: Annotated[str, Field(min_length=1, max_length=1024, pattern=NO_NUL)]
@@ -205,6 +220,8 @@ class NodeSuspected(Envelope):
 
 @with_config(STRICT)
 class HealthChecked(Envelope):
+    """Passed: health ok. Failed: as node-down with reason 'health check failed'."""
+
     type: Literal["health-checked"]
     node: NodeName
     passed: bool
@@ -212,6 +229,8 @@ class HealthChecked(Envelope):
 
 @with_config(STRICT)
 class AllocPlaced(Envelope):
+    """Desired run, client pending; the slot becomes allocated, the addresses held. Rejected unless the node is ready and not suspect and the slot and addresses are free; the same placement again is reported duplicate."""
+
     type: Literal["alloc-placed"]
     alloc: AllocName
     node: NodeName
@@ -223,6 +242,8 @@ class AllocPlaced(Envelope):
 
 @with_config(STRICT)
 class AllocUpdated(Envelope):
+    """The node reports its allocation (blame: node by default). Rejected while the node is disconnected, down or removed, or the allocation is terminal. running makes the slot active; a terminal status frees slot and addresses; failed with blame node makes the node suspect."""
+
     type: Literal["alloc-updated"]
     alloc: Name
     client_status: Literal["pending", "running", "complete", "failed"]
@@ -231,18 +252,24 @@ class AllocUpdated(Envelope):
 
 @with_config(STRICT)
 class AllocStopRequested(Envelope):
+    """Desired becomes stop; rejected when it is already remove."""
+
     type: Literal["alloc-stop-requested"]
     alloc: Name
 
 
 @with_config(STRICT)
 class AllocRemoveRequested(Envelope):
+    """Desired becomes remove; frees nothing by itself."""
+
     type: Literal["alloc-remove-requested"]
     alloc: Name
 
 
 @with_config(STRICT)
 class AllocRemoved(Envelope):
+    """The allocation is reaped from the live tables; rejected unless it is terminal."""
+
     type: Literal["alloc-removed"]
     alloc: Name
 
@@ -290,12 +317,40 @@ def json_schema() -> dict[str, Any]:
     whose offset moves it past the year 9999, or before 1, in UTC."""
     schema: dict[str, Any] = {"$schema": "https://json-schema.org/draft/2020-12/schema"}
     schema |= _adapter(None).json_schema()
+    # "discriminator" is OpenAPI's, not JSON Schema's: Ajv's strict mode
+    # refuses to compile a schema holding it. The oneOf of type constants
+    # picks the type all the same.
+    schema.pop("discriminator", None)
+    defs = {model["properties"]["type"]["const"]: model for model in schema["$defs"].values()
+            if "type" in model.get("properties", {})}
+    for event_type, defaults in DEFAULTS.items():
+        for name, value in defaults.items():
+            defs[event_type]["properties"][name]["default"] = value
+    _no_final_line_feed(schema)
     schema["title"] = "alloc-ledger event"
     schema["description"] = (
         "One event of alloc-ledger. Integers are written without a fraction or exponent: "
-        "submit refuses 1.0 where an integer is due."
+        "submit refuses 1.0 where an integer is due. Text is Unicode: a \\ud800 to "
+        "\\udfff escape only in pairs."
     )
     return schema
+
+
+# Patterns that take no line feed anywhere. ECMA-262's $ (and pydantic's) matches
+# only at the end, Python's re (jsonschema, hypothesis-jsonschema) also before a
+# final line feed: a pattern without anchors says it to both.
+_LINE_FEED_FREE = {TRIMMED, NEW_NODE, RFC3339_IN_RANGE}
+
+
+def _no_final_line_feed(node: Any) -> None:
+    if isinstance(node, dict):
+        if node.get("pattern") in _LINE_FEED_FREE:
+            node.setdefault("allOf", []).append({"not": {"pattern": "\\n"}})
+        for value in node.values():
+            _no_final_line_feed(value)
+    elif isinstance(node, list):
+        for item in node:
+            _no_final_line_feed(item)
 
 
 def describe(error: ValidationError, tagged: bool = True) -> str:

@@ -1891,14 +1891,12 @@ def test_schema_prints_the_json_schema_of_every_event():
     schema = json.loads(invoke(["schema"]).stdout)
 
     assert schema["title"] == "alloc-ledger event"
-    assert schema["discriminator"]["propertyName"] == "type"
-    mapping = schema["discriminator"]["mapping"]
-    assert sorted(mapping) == sorted(EVENT_TYPES)
-    assert len(schema["oneOf"]) == len(EVENT_TYPES)
-    for kind, ref in mapping.items():
-        model = schema["$defs"][ref.rsplit("/", 1)[1]]
+    assert "discriminator" not in schema  # OpenAPI's: Ajv's strict mode refuses it
+    models = [schema["$defs"][choice["$ref"].rsplit("/", 1)[1]] for choice in schema["oneOf"]]
+    assert sorted(model["properties"]["type"]["const"] for model in models) == sorted(EVENT_TYPES)
+    for model in models:
+        kind = model["properties"]["type"]["const"]
         assert model["additionalProperties"] is False, kind
-        assert model["properties"]["type"]["const"] == kind
         assert {"type", "id", "at", "source"} <= set(model["properties"]), kind
     assert schema["$defs"]["AllocUpdated"]["required"] == ["type", "alloc", "client_status"]
 

@@ -413,8 +413,8 @@ AT_TEXTS = st.builds(
 
 def schema_of(event_type: str) -> dict[str, Any]:
     schema = json_schema()
-    ref = schema["discriminator"]["mapping"][event_type]
-    return schema["$defs"][ref.rsplit("/", 1)[1]]
+    models = (schema["$defs"][choice["$ref"].rsplit("/", 1)[1]] for choice in schema["oneOf"])
+    return next(m for m in models if m["properties"]["type"]["const"] == event_type)
 
 
 @settings(max_examples=1000, deadline=None)
