@@ -103,6 +103,7 @@ def replayed(
     start = checkpoints.nearest(store, upto, until) if every and bounded else None
     cluster, position, max_at = start if start is not None else (Cluster(), 0, "")
     progress = Progress(position, max_at)
+    restored = position if start is not None else None  # kept already: not kept again
     while True:
         end = _next_stop(progress.position, every, upto)
         replay_log(cluster, store.read_log(progress.position, end), progress, until)
@@ -112,7 +113,7 @@ def replayed(
             if end is not None:  # (a position past the head: the state at the head)
                 check_read_whole(progress.position, store.read_log(progress.position), None)
             break
-        if every and end % every == 0:
+        if every and end % every == 0 and end != restored:
             checkpoints.keep(store, cluster, end, progress.max_at)
         if end == upto:
             break

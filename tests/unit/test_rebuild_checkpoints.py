@@ -251,3 +251,23 @@ def test_an_as_of_replay_reads_the_log_only_after_its_checkpoint(tmp_path, monke
         _, position = rebuild(store, AsOf(position=45), every=10)
     assert position == 45
     assert starts and min(starts) == 40
+
+
+def test_a_rebuild_from_a_checkpoint_does_not_keep_that_checkpoint_again(tmp_path, monkeypatch):
+    # Keeping one serializes the whole state (seconds deep into a long log):
+    # an as-of at a checkpoint's own position, asked again, must not pay it.
+    path = tmp_path / "l.db"
+    with Ledger.open(f"sqlite:///{path}") as ledger:
+        list(ledger.submit_many(list(generate(60, nodes=5, slots=2, seed=4)), batch=7))
+        rebuild(ledger.store, AsOf(position=40), every=10)
+        kept: list[int] = []
+        keep = checkpoints.keep
+        monkeypatch.setattr(
+            checkpoints, "keep", lambda store, cluster, position, max_at: (
+                kept.append(position), keep(store, cluster, position, max_at)))
+        cluster, position = rebuild(ledger.store, AsOf(position=40), every=10)
+        scratch, _ = rebuild(ledger.store, AsOf(position=40), every=0)
+        rebuild(ledger.store, AsOf(position=50), every=10)
+    assert position == 40 and dump(cluster) == dump(scratch)
+    assert kept == [50]  # not 40 again; 50 is new
+    assert kept_checkpoints(path) == [10, 20, 30, 40, 50]
