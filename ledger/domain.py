@@ -741,6 +741,12 @@ class Cluster:
         self.children.clear()
         self.take_changes()
 
+    def records(self) -> int:
+        """About how many records the whole state holds (a checkpoint's size):
+        counted without walking them."""
+        return (len(self.nodes) + len(self.allocs) + len(self.addresses)
+                + len(self._alloc_states) + len(self._rejections))
+
     def everything(self) -> Changes:
         """The whole in-memory state as changes (to materialize a replay)."""
         nodes = [n for n in self.nodes.values() if n is not None]

@@ -103,7 +103,7 @@ def replayed(
     start = checkpoints.nearest(store, upto, until) if every and bounded else None
     cluster, position, max_at = start if start is not None else (Cluster(), 0, "")
     progress = Progress(position, max_at)
-    restored = position if start is not None else None  # kept already: not kept again
+    kept = position  # the checkpoint this replay started from or kept last (0: none)
     while True:
         end = _next_stop(progress.position, every, upto)
         replay_log(cluster, store.read_log(progress.position, end), progress, until)
@@ -113,11 +113,28 @@ def replayed(
             if end is not None:  # (a position past the head: the state at the head)
                 check_read_whole(progress.position, store.read_log(progress.position), None)
             break
-        if every and end % every == 0 and end != restored:
+        if every and end % every == 0 and _due(cluster, end, kept, every, upto):
             checkpoints.keep(store, cluster, end, progress.max_at)
+            kept = end
         if end == upto:
             break
     return cluster, progress
+
+
+def _due(cluster: Cluster, end: int, kept: int, every: int, upto: int | None) -> bool:
+    """Whether a replay paused at ``end`` (a multiple of ``every``) keeps a
+    checkpoint there. Never again where it started or kept one. Always at the
+    last pause before the position asked for: the next question near it
+    starts there. Otherwise once it has replayed ``every`` events since the
+    last one kept, or as many as the state has records, whichever is more:
+    a checkpoint writes the whole state, which grows with history (removed
+    allocations, alloc states, rejections), so that writing them takes a
+    bounded share of a long replay instead of most of it."""
+    if end <= kept:
+        return False
+    if upto is not None and upto - end < every:
+        return True
+    return end - kept >= max(every, cluster.records())
 
 
 def _next_stop(position: int, every: int, upto: int | None) -> int | None:

@@ -1,6 +1,8 @@
-"""A rebuild keeps a checkpoint at every multiple of ``every`` it passes,
-and nowhere else, whether it stops at a position, a time or the head; it
-starts from one only if it is bound to this log."""
+"""A rebuild keeps checkpoints only at multiples of ``every`` it passes:
+each one while the state is small, further apart once the state has more
+records than ``every``, and always the last before the position asked for;
+whether it stops at a position, a time or the head. It starts from one
+only if it is bound to this log."""
 
 from __future__ import annotations
 
@@ -271,3 +273,35 @@ def test_a_rebuild_from_a_checkpoint_does_not_keep_that_checkpoint_again(tmp_pat
     assert position == 40 and dump(cluster) == dump(scratch)
     assert kept == [50]  # not 40 again; 50 is new
     assert kept_checkpoints(path) == [10, 20, 30, 40, 50]
+
+
+def registrations_then_heartbeats(nodes: int, events: int) -> list[dict]:
+    registered = [{"type": "node-registered", "node": f"n{i}"} for i in range(nodes)]
+    beats = [{"type": "heartbeat", "node": f"n{i % nodes}"} for i in range(events - nodes)]
+    return registered + beats
+
+
+def test_checkpoints_grow_further_apart_as_the_state_outgrows_their_spacing(
+    tmp_path, monkeypatch
+):
+    # A checkpoint writes the whole state, which grows with history: at 10M
+    # events, one every 100,000 positions made the first as-of at 5M take
+    # 468 s (helper-h602). Here the state is 30 nodes past position 30, more
+    # than every=10: one is kept once 30 events were replayed since the last.
+    path = tmp_path / "l.db"
+    with Ledger.open(f"sqlite:///{path}") as ledger:
+        list(ledger.submit_many(registrations_then_heartbeats(30, 200), batch=7))
+        kept: list[int] = []
+        keep = checkpoints.keep
+        monkeypatch.setattr(
+            checkpoints, "keep", lambda store, cluster, position, max_at: (
+                kept.append(position), keep(store, cluster, position, max_at)))
+        cluster, position = rebuild(ledger.store, AsOf(position=195), every=10)
+        scratch, _ = rebuild(ledger.store, AsOf(position=195), every=0)
+        # by time, to the head: no last pause before a position asked for
+        rebuild(ledger.store, AsOf.parse("9999-01-01T00:00:00Z"), every=10)
+    assert position == 195 and dump(cluster) == dump(scratch)
+    # 10: 10 records; 20 and 30: fewer events since 10 than records;
+    # 190: the last pause before 195; then from 190 by time, 200 is too near.
+    assert kept == [10, 40, 70, 100, 130, 160, 190]
+    assert kept_checkpoints(path) == [10, 40, 70, 100, 130, 160, 190]
