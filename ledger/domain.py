@@ -742,9 +742,14 @@ class Cluster:
         self.take_changes()
 
     def records(self) -> int:
-        """About how many records the whole state holds (a checkpoint's size):
-        counted without walking them."""
-        return (len(self.nodes) + len(self.allocs) + len(self.addresses)
+        """How many records of the state grow with history: nodes,
+        allocations (removed ones too), held addresses, alloc states and
+        rejections (not the caches' entries for names not found, nor slots,
+        which a node's registration bounds)."""
+        def held(entries: Cache[Any]) -> int:
+            return sum(1 for entry in entries.values() if entry is not None)
+
+        return (held(self.nodes) + held(self.allocs) + held(self.addresses)
                 + len(self._alloc_states) + len(self._rejections))
 
     def everything(self) -> Changes:

@@ -194,7 +194,7 @@ class HeartbeatMissed(Envelope):
 
 @with_config(STRICT)
 class NodeDown(Envelope):
-    """The node becomes down; every non-terminal allocation on it and on the nodes under it becomes lost, desired stop."""
+    """The node becomes down, and so does every node under it (its parent chain); every non-terminal allocation on them becomes lost, desired stop."""
 
     type: Literal["node-down"]
     node: NodeName
@@ -229,7 +229,7 @@ class HealthChecked(Envelope):
 
 @with_config(STRICT)
 class AllocPlaced(Envelope):
-    """Desired run, client pending; the slot becomes allocated, the addresses held. Rejected unless the node is ready and not suspect and the slot and addresses are free; the same placement again is reported duplicate."""
+    """Desired run, client pending; the slot becomes allocated, the addresses held. Rejected unless the node is ready and not suspect, the slot is in range and free, the addresses are free, and the allocation holds no other slot or node; the same placement again is reported duplicate."""
 
     type: Literal["alloc-placed"]
     alloc: AllocName
@@ -242,7 +242,7 @@ class AllocPlaced(Envelope):
 
 @with_config(STRICT)
 class AllocUpdated(Envelope):
-    """The node reports its allocation (blame: node by default). Rejected while the node is disconnected, down or removed, or the allocation is terminal. running makes the slot active; a terminal status frees slot and addresses; failed with blame node makes the node suspect."""
+    """The node reports its allocation (blame: node by default). Rejected while the node is disconnected, down or removed, or the allocation is terminal. An allocation that needs to reconnect is reconnected (an alloc state with the status); the first accepted update from an initializing node makes it ready. running makes the slot active; a terminal status frees slot and addresses; failed with blame node makes the node suspect."""
 
     type: Literal["alloc-updated"]
     alloc: Name

@@ -8,6 +8,8 @@ import sqlite3
 from dataclasses import dataclass
 from typing import NamedTuple
 
+import orjson
+
 from ledger.collection import fewer_collections
 from ledger.domain import Cluster
 from ledger.errors import BadOption, LogEndsEarly, OutOfRange
@@ -113,7 +115,7 @@ def replayed(
             if end is not None:  # (a position past the head: the state at the head)
                 check_read_whole(progress.position, store.read_log(progress.position), None)
             break
-        if every and end % every == 0 and _due(cluster, end, kept, every, upto):
+        if every and end % every == 0 and _due(store, cluster, end, kept, every, point):
             checkpoints.keep(store, cluster, end, progress.max_at)
             kept = end
         if end == upto:
@@ -121,20 +123,43 @@ def replayed(
     return cluster, progress
 
 
-def _due(cluster: Cluster, end: int, kept: int, every: int, upto: int | None) -> bool:
+def _due(
+    store: Store, cluster: Cluster, end: int, kept: int, every: int, point: AsOf | None
+) -> bool:
     """Whether a replay paused at ``end`` (a multiple of ``every``) keeps a
     checkpoint there. Never again where it started or kept one. Always at the
-    last pause before the position asked for: the next question near it
-    starts there. Otherwise once it has replayed ``every`` events since the
-    last one kept, or as many as the state has records, whichever is more:
-    a checkpoint writes the whole state, which grows with history (removed
+    last pause before the point asked for: the next question near it starts
+    there. Otherwise once it has replayed ``every`` events since the last one
+    kept, or as many as the state has records, whichever is more: a
+    checkpoint writes the whole state, which grows with history (removed
     allocations, alloc states, rejections), so that writing them takes a
     bounded share of a long replay instead of most of it."""
     if end <= kept:
         return False
-    if upto is not None and upto - end < every:
+    if point is not None and _last_pause(store, end, every, point):
         return True
     return end - kept >= max(every, cluster.records())
+
+
+def _last_pause(store: Store, end: int, every: int, point: AsOf) -> bool:
+    """Whether a replay to ``point`` pauses at ``end`` for the last time: a
+    position is less than ``every`` ahead; a time, earlier than the ``at``
+    of the event at the next pause, or the log ends before it (at times in
+    order, exact; otherwise the prefix may end sooner, and this pause keeps
+    no checkpoint it would not have kept anyway)."""
+    if point.position is not None:
+        return point.position - end < every
+    if point.at is None:
+        return False
+    with store.reading() as cursor:
+        found = store.kept_at(cursor, [end + every])
+    if not found:
+        return True
+    try:
+        at: str = orjson.loads(found[0].state)["event"]["at"]
+    except (ValueError, LookupError, TypeError):
+        return True  # unreadable: the replay names it, after the state here
+    return at > point.at
 
 
 def _next_stop(position: int, every: int, upto: int | None) -> int | None:

@@ -302,6 +302,32 @@ def test_checkpoints_grow_further_apart_as_the_state_outgrows_their_spacing(
         rebuild(ledger.store, AsOf.parse("9999-01-01T00:00:00Z"), every=10)
     assert position == 195 and dump(cluster) == dump(scratch)
     # 10: 10 records; 20 and 30: fewer events since 10 than records;
-    # 190: the last pause before 195; then from 190 by time, 200 is too near.
-    assert kept == [10, 40, 70, 100, 130, 160, 190]
-    assert kept_checkpoints(path) == [10, 40, 70, 100, 130, 160, 190]
+    # 190: the last pause before 195; then from 190 by time, 200: the last
+    # pause before that time (the log ends before the next).
+    assert kept == [10, 40, 70, 100, 130, 160, 190, 200]
+    assert kept_checkpoints(path) == [10, 40, 70, 100, 130, 160, 190, 200]
+
+
+def test_a_time_question_asked_again_starts_near_its_point(tmp_path, monkeypatch):
+    # A position question keeps the last pause before its point; a time
+    # question keeps nothing near it once the state has as many records as
+    # events replayed since the last checkpoint (here each event is a
+    # rejection), so asking it again replays the whole stretch again.
+    beats = [{"type": "heartbeat", "node": f"ghost{i}",
+              "at": f"2026-01-01T00:{i // 60:02d}:{i % 60:02d}Z"} for i in range(200)]
+    with Ledger.open(f"sqlite:///{tmp_path / 'l.db'}") as ledger:
+        store = ledger.store
+        list(ledger.submit_many(beats, batch=7))
+        point = AsOf.parse("2026-01-01T00:03:15Z")  # up to position 196
+        rebuild(store, point, every=10)
+        starts: list[int] = []
+        read_log = type(store).read_log
+
+        def reading(self, after, *args, **kwargs):
+            starts.append(after)
+            return read_log(self, after, *args, **kwargs)
+
+        monkeypatch.setattr(type(store), "read_log", reading)
+        _, position = rebuild(store, point, every=10)
+    assert position == 196
+    assert starts and min(starts) >= 186  # not from position 10 again
