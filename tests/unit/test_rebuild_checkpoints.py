@@ -36,6 +36,28 @@ def dump(cluster) -> list[tuple]:
     ]
 
 
+def log_reads(store, monkeypatch) -> list[int]:
+    """The positions the store's log is read after, from now on."""
+    starts: list[int] = []
+    read_log = type(store).read_log
+
+    def reading(self, after, *args, **kwargs):
+        starts.append(after)
+        return read_log(self, after, *args, **kwargs)
+
+    monkeypatch.setattr(type(store), "read_log", reading)
+    return starts
+
+
+def keeps(monkeypatch) -> list[int]:
+    """The positions checkpoints are kept at, from now on."""
+    kept: list[int] = []
+    keep = checkpoints.keep
+    monkeypatch.setattr(checkpoints, "keep", lambda store, cluster, position, max_at: (
+        kept.append(position), keep(store, cluster, position, max_at)))
+    return kept
+
+
 def test_a_rebuild_to_a_position_keeps_checkpoints_at_the_multiples_it_passes(tmp_path):
     path = tmp_path / "l.db"
     with Ledger.open(f"sqlite:///{path}") as ledger:
@@ -242,14 +264,7 @@ def test_an_as_of_replay_reads_the_log_only_after_its_checkpoint(tmp_path, monke
     """docs/queries.md: later as-of questions replay at most EVERY events."""
     with checkpointed(tmp_path / "l.db") as ledger:
         store = ledger.store
-        starts: list[int] = []
-        read_log = type(store).read_log
-
-        def reading(self, after, *args, **kwargs):
-            starts.append(after)
-            return read_log(self, after, *args, **kwargs)
-
-        monkeypatch.setattr(type(store), "read_log", reading)
+        starts = log_reads(store, monkeypatch)
         _, position = rebuild(store, AsOf(position=45), every=10)
     assert position == 45
     assert starts and min(starts) == 40
@@ -262,11 +277,7 @@ def test_a_rebuild_from_a_checkpoint_does_not_keep_that_checkpoint_again(tmp_pat
     with Ledger.open(f"sqlite:///{path}") as ledger:
         list(ledger.submit_many(list(generate(60, nodes=5, slots=2, seed=4)), batch=7))
         rebuild(ledger.store, AsOf(position=40), every=10)
-        kept: list[int] = []
-        keep = checkpoints.keep
-        monkeypatch.setattr(
-            checkpoints, "keep", lambda store, cluster, position, max_at: (
-                kept.append(position), keep(store, cluster, position, max_at)))
+        kept = keeps(monkeypatch)
         cluster, position = rebuild(ledger.store, AsOf(position=40), every=10)
         scratch, _ = rebuild(ledger.store, AsOf(position=40), every=0)
         rebuild(ledger.store, AsOf(position=50), every=10)
@@ -291,11 +302,7 @@ def test_checkpoints_grow_further_apart_as_the_state_outgrows_their_spacing(
     path = tmp_path / "l.db"
     with Ledger.open(f"sqlite:///{path}") as ledger:
         list(ledger.submit_many(registrations_then_heartbeats(30, 200), batch=7))
-        kept: list[int] = []
-        keep = checkpoints.keep
-        monkeypatch.setattr(
-            checkpoints, "keep", lambda store, cluster, position, max_at: (
-                kept.append(position), keep(store, cluster, position, max_at)))
+        kept = keeps(monkeypatch)
         cluster, position = rebuild(ledger.store, AsOf(position=195), every=10)
         scratch, _ = rebuild(ledger.store, AsOf(position=195), every=0)
         # by time, to the head: no last pause before a position asked for
@@ -309,10 +316,10 @@ def test_checkpoints_grow_further_apart_as_the_state_outgrows_their_spacing(
 
 
 def test_a_time_question_asked_again_starts_near_its_point(tmp_path, monkeypatch):
-    # A position question keeps the last pause before its point; a time
-    # question keeps nothing near it once the state has as many records as
-    # events replayed since the last checkpoint (here each event is a
-    # rejection), so asking it again replays the whole stretch again.
+    # A time question keeps its last pause before its point too (helper-h603:
+    # it kept none once the state had as many records as events replayed
+    # since the last checkpoint, here each event a rejection, so asking it
+    # again replayed the whole stretch again).
     beats = [{"type": "heartbeat", "node": f"ghost{i}",
               "at": f"2026-01-01T00:{i // 60:02d}:{i % 60:02d}Z"} for i in range(200)]
     with Ledger.open(f"sqlite:///{tmp_path / 'l.db'}") as ledger:
@@ -320,14 +327,7 @@ def test_a_time_question_asked_again_starts_near_its_point(tmp_path, monkeypatch
         list(ledger.submit_many(beats, batch=7))
         point = AsOf.parse("2026-01-01T00:03:15Z")  # up to position 196
         rebuild(store, point, every=10)
-        starts: list[int] = []
-        read_log = type(store).read_log
-
-        def reading(self, after, *args, **kwargs):
-            starts.append(after)
-            return read_log(self, after, *args, **kwargs)
-
-        monkeypatch.setattr(type(store), "read_log", reading)
+        starts = log_reads(store, monkeypatch)
         _, position = rebuild(store, point, every=10)
     assert position == 196
     assert starts and min(starts) >= 186  # not from position 10 again
