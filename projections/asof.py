@@ -127,18 +127,19 @@ def _due(
     store: Store, cluster: Cluster, end: int, kept: int, every: int, point: AsOf | None
 ) -> bool:
     """Whether a replay paused at ``end`` (a multiple of ``every``) keeps a
-    checkpoint there. Never again where it started or kept one. Always at the
-    last pause before the point asked for: the next question near it starts
-    there. Otherwise once it has replayed ``every`` events since the last one
-    kept, or as many as the state has records, whichever is more: a
-    checkpoint writes the whole state, which grows with history (removed
-    allocations, alloc states, rejections), so that writing them takes a
-    bounded share of a long replay instead of most of it."""
+    checkpoint there. Never again where it started or kept one. Once it has
+    replayed ``every`` events since the last one kept, or as many as the
+    state has records, whichever is more: a checkpoint writes the whole
+    state, which grows with history (removed allocations, alloc states,
+    rejections), so that writing them takes a bounded share of a long replay
+    instead of most of it. Otherwise at the last pause before the point
+    asked for, so that the next question near it starts there (tried last:
+    for a time, it reads the next pause's event)."""
     if end <= kept:
         return False
-    if point is not None and _last_pause(store, end, every, point):
+    if end - kept >= max(every, cluster.records()):
         return True
-    return end - kept >= max(every, cluster.records())
+    return point is not None and _last_pause(store, end, every, point)
 
 
 def _last_pause(store: Store, end: int, every: int, point: AsOf) -> bool:

@@ -331,3 +331,21 @@ def test_a_time_question_asked_again_starts_near_its_point(tmp_path, monkeypatch
         _, position = rebuild(store, point, every=10)
     assert position == 196
     assert starts and min(starts) >= 186  # not from position 10 again
+
+
+def test_a_time_question_reads_ahead_only_where_spacing_keeps_no_checkpoint(
+    tmp_path, monkeypatch
+):
+    # Whether a pause is a time question's last needs the next pause's event
+    # read; where the spacing already keeps a checkpoint, that read is waste.
+    with Ledger.open(f"sqlite:///{tmp_path / 'l.db'}") as ledger:
+        store = ledger.store
+        list(ledger.submit_many(registrations_then_heartbeats(3, 60), batch=7))
+        peeks: list[list[int]] = []
+        kept_at = type(store).kept_at
+        monkeypatch.setattr(type(store), "kept_at", lambda self, cursor, positions: (
+            peeks.append(positions), kept_at(self, cursor, positions))[1])
+        kept = keeps(monkeypatch)
+        rebuild(store, AsOf.parse("9999-01-01T00:00:00Z"), every=10)
+    assert kept == [10, 20, 30, 40, 50, 60]  # 3 records: every pause by spacing
+    assert peeks == []
