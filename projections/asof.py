@@ -8,11 +8,9 @@ import sqlite3
 from dataclasses import dataclass
 from typing import NamedTuple
 
-import orjson
-
 from ledger.collection import fewer_collections
 from ledger.domain import Cluster
-from ledger.errors import BadOption, LogEndsEarly, OutOfRange
+from ledger.errors import BadOption, LogEndsEarly, OutOfRange, Unreadable
 from ledger.model import (
     EXAMPLE_TIME,
     NEEDS_ZONE,
@@ -21,7 +19,7 @@ from ledger.model import (
     rfc3339,
     timestamp,
 )
-from ledger.records import Progress, check_read_whole, replay_log
+from ledger.records import Progress, check_read_whole, read, replay_log
 from ledger.store import Store
 from projections import checkpoints, tables
 from projections.rows import Statements, write_changes
@@ -157,9 +155,9 @@ def _last_pause(store: Store, end: int, every: int, point: AsOf) -> bool:
     if not found:
         return True
     try:
-        at: str = orjson.loads(found[0].state)["event"]["at"]
-    except (ValueError, LookupError, TypeError):
-        return True  # unreadable: the replay names it, after the state here
+        at: str = read(found[0]).event["at"]
+    except Unreadable:
+        return True  # the replay names it, after the state here
     return at > point.at
 
 

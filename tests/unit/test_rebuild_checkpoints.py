@@ -13,7 +13,7 @@ from datetime import datetime
 import pytest
 
 from ledger.application import Ledger
-from ledger.errors import StoreUnavailable
+from ledger.errors import StoreUnavailable, Unreadable
 from projections import checkpoints
 from projections.asof import AsOf, materialize, rebuild
 from scripts.simulate import generate
@@ -349,3 +349,31 @@ def test_a_time_question_reads_ahead_only_where_spacing_keeps_no_checkpoint(
         rebuild(store, AsOf.parse("9999-01-01T00:00:00Z"), every=10)
     assert kept == [10, 20, 30, 40, 50, 60]  # 3 records: every pause by spacing
     assert peeks == []
+
+
+def test_a_time_question_keeps_the_state_before_an_unreadable_event_it_then_names(
+    tmp_path, monkeypatch
+):
+    # The next pause's event cannot be read, so whether this pause is the
+    # last cannot be told: the state here is kept, and the replay goes on to
+    # name the damaged event (not the look ahead).
+    path = tmp_path / "l.db"
+    beats = [{"type": "heartbeat", "node": f"ghost{i}",
+              "at": f"2026-01-01T00:{i // 60:02d}:{i % 60:02d}Z"} for i in range(200)]
+    with Ledger.open(f"sqlite:///{path}") as ledger:
+        list(ledger.submit_many(beats, batch=7))
+    connection = sqlite3.connect(path)
+    with connection:
+        for (name,) in connection.execute(
+            "SELECT name FROM sqlite_master WHERE type = 'trigger' AND tbl_name = 'stored_events'"
+        ).fetchall():
+            connection.execute(f'DROP TRIGGER "{name}"')
+        connection.execute(
+            "UPDATE stored_events SET state = x'7b7b' WHERE originator_version = 100")
+    connection.close()
+    with Ledger.open(f"sqlite:///{path}") as ledger:
+        kept = keeps(monkeypatch)
+        with pytest.raises(Unreadable) as raised:
+            rebuild(ledger.store, AsOf.parse("2026-01-01T00:02:30Z"), every=10)
+    assert raised.value.position == 100
+    assert kept == [10, 90]  # 10 by spacing (each ghost beat a record), 90 before 100
