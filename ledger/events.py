@@ -321,8 +321,7 @@ def json_schema() -> dict[str, Any]:
     # refuses to compile a schema holding it. The oneOf of type constants
     # picks the type all the same.
     schema.pop("discriminator", None)
-    defs = {model["properties"]["type"]["const"]: model for model in schema["$defs"].values()
-            if "type" in model.get("properties", {})}
+    defs = schemas_by_type(schema)
     for event_type, defaults in DEFAULTS.items():
         for name, value in defaults.items():
             defs[event_type]["properties"][name]["default"] = value
@@ -334,6 +333,16 @@ def json_schema() -> dict[str, Any]:
         "\\udfff escape only in pairs."
     )
     return schema
+
+
+def schemas_by_type(schema: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """Each event type's schema in ``json_schema()``'s ``oneOf``, by the
+    constant of its ``type``: how a validator picks it."""
+    found: dict[str, dict[str, Any]] = {}
+    for choice in schema["oneOf"]:
+        model = schema["$defs"][choice["$ref"].rsplit("/", 1)[1]]
+        found[model["properties"]["type"]["const"]] = model
+    return found
 
 
 # Patterns that take no line feed anywhere. ECMA-262's $ (and pydantic's) matches

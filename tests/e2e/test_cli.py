@@ -34,7 +34,7 @@ from commands.console import Held
 from commands.stories import all_events
 from ledger.application import Ledger, Receipt
 from ledger.errors import StoreUnavailable
-from ledger.events import EVENT_TYPES, TYPES_NAMED
+from ledger.events import EVENT_TYPES, TYPES_NAMED, schemas_by_type
 from ledger.sqlite_store import SCHEMA_VERSION, sqlite_missing
 from projections.queries import COLUMNS
 
@@ -1892,10 +1892,10 @@ def test_schema_prints_the_json_schema_of_every_event():
 
     assert schema["title"] == "alloc-ledger event"
     assert "discriminator" not in schema  # OpenAPI's: Ajv's strict mode refuses it
-    models = [schema["$defs"][choice["$ref"].rsplit("/", 1)[1]] for choice in schema["oneOf"]]
-    assert sorted(model["properties"]["type"]["const"] for model in models) == sorted(EVENT_TYPES)
-    for model in models:
-        kind = model["properties"]["type"]["const"]
+    models = schemas_by_type(schema)
+    assert len(models) == len(schema["oneOf"])  # one choice per type
+    assert sorted(models) == sorted(EVENT_TYPES)
+    for kind, model in models.items():
         assert model["additionalProperties"] is False, kind
         assert {"type", "id", "at", "source"} <= set(model["properties"]), kind
     assert schema["$defs"]["AllocUpdated"]["required"] == ["type", "alloc", "client_status"]

@@ -19,7 +19,7 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from ledger.errors import InvalidEvent
-from ledger.events import EVENT_TYPES, TYPES_NAMED, json_schema, received
+from ledger.events import EVENT_TYPES, TYPES_NAMED, json_schema, received, schemas_by_type
 from ledger.model import OUT_OF_YEARS, kept_time, moment_of_form, timestamp
 
 FIELDS = [
@@ -412,9 +412,7 @@ AT_TEXTS = st.builds(
 
 
 def schema_of(event_type: str) -> dict[str, Any]:
-    schema = json_schema()
-    models = (schema["$defs"][choice["$ref"].rsplit("/", 1)[1]] for choice in schema["oneOf"])
-    return next(m for m in models if m["properties"]["type"]["const"] == event_type)
+    return schemas_by_type(json_schema())[event_type]
 
 
 @settings(max_examples=1000, deadline=None)

@@ -10,7 +10,7 @@ import jsonschema  # a test dependency: its absence is a broken install, not a s
 import pytest
 
 from ledger.errors import InvalidEvent
-from ledger.events import EVENT_TYPES, json_schema, received
+from ledger.events import EVENT_TYPES, json_schema, received, schemas_by_type
 
 PLACED = {"type": "alloc-placed", "alloc": "a1", "node": "n1"}
 
@@ -31,12 +31,7 @@ def validator() -> Any:
 
 def schema_of(event_type: str) -> dict[str, Any]:
     """A type's schema, found by its ``type`` constant (no OpenAPI keyword)."""
-    schema = json_schema()
-    for choice in schema["oneOf"]:
-        model = schema["$defs"][choice["$ref"].rsplit("/", 1)[1]]
-        if model["properties"]["type"].get("const") == event_type:
-            return model
-    raise AssertionError(f"no schema for {event_type}")
+    return schemas_by_type(json_schema())[event_type]
 
 
 @pytest.mark.parametrize("event", [
