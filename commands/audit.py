@@ -9,7 +9,7 @@ import click
 
 from commands.cli import opened
 from commands.output import chosen, echo, emit, emit_object, format_option
-from ledger.chain import Digest, current_digest
+from ledger.chain import Digest, current_digest, one_of
 from ledger.chain import verify as verify_chain
 from ledger.errors import NotADigest
 from projections.asof import is_position
@@ -95,11 +95,23 @@ def replay(ctx: click.Context, to: int | None, repair: bool, fmt: str | None) ->
     "--digest", "digest", type=DigestType(),
     help="A digest saved earlier (from `alloc-ledger digest`): prove the log still extends it.",
 )
+@click.option(
+    "--since", "since", type=DigestType(), metavar="POSITION:HASH",
+    help="A digest saved earlier: check only the events after it (the log must keep its "
+    "hash at its position), not the whole log again.",
+)
 @format_option
 @click.pass_context
-def verify(ctx: click.Context, digest: Digest | None, fmt: str | None) -> None:
+def verify(
+    ctx: click.Context, digest: Digest | None, since: Digest | None, fmt: str | None
+) -> None:
     """Recompute the tamper-evident hash chain over the log and name the first
     position that does not match. Exit 1 on any mismatch.
+
+    With --since, only the events appended after a digest kept earlier are
+    read: the log must keep that digest's hash at its position, and every
+    event after it must chain from there. What lies before it is not read
+    again; a whole `verify` checks that.
 
     Also says whether the triggers that keep the log append-only are in
     place ("guards_lacking": [] when all are); when any is missing or
@@ -109,9 +121,11 @@ def verify(ctx: click.Context, digest: Digest | None, fmt: str | None) -> None:
     \b
     alloc-ledger verify
     alloc-ledger verify --digest "$(cat ledger.digest)"
+    alloc-ledger verify --since "$(cat yesterday.digest)"
     """
+    one_of(digest, since)  # before the store is opened: a usage error
     with opened(ctx) as store:
-        result = verify_chain(store, digest)
+        result = verify_chain(store, digest, since)
     emit_object(result.as_dict(), fmt)
     if result.guards.lacking:
         click.echo(f"warning: the log's append-only guards are not in place "

@@ -9,7 +9,10 @@ kept beside it (``event_hashes``), naming the first position that does not
 match. The kept hashes only prove the log against careless or partial
 tampering: anyone who can write the file can also recompute them. A
 ``Digest`` (head position and hash) saved elsewhere closes that gap:
-``verify(store, digest)`` proves the current log still extends it.
+``verify(store, digest)`` proves the current log still extends it, and
+``verify(store, since=digest)`` checks only what was appended after it (the
+log's kept hash at its position must be its hash): a day's events, not the
+whole log again.
 ``verify`` also says whether the triggers that keep the log append-only are
 in place: missing ones prove no edit, but nothing stops one.
 """
@@ -25,7 +28,7 @@ from typing import Any
 
 import orjson
 
-from ledger.errors import LogEdited, NotADigest, PositionMissing
+from ledger.errors import BadOption, LogEdited, NotADigest, PositionMissing
 from ledger.store import Guards, Store
 
 GENESIS = "0" * 64
@@ -80,6 +83,7 @@ class Verification:
     # the append-only guards not as made (none: in place): nothing proves an
     # edit, but nothing stops one either
     guards: Guards = IN_PLACE
+    since: Digest | None = None  # checked only after it (``verified`` counts from 0 all the same)
 
     @property
     def ok(self) -> bool:
@@ -87,7 +91,9 @@ class Verification:
 
     @property
     def events_per_second(self) -> float:
-        return round(self.verified / self.seconds, 1) if self.seconds > 0 else 0.0
+        """Of the events this check read: those after ``since``, if given."""
+        start = 0 if self.since is None else min(self.since.position, self.verified)
+        return round((self.verified - start) / self.seconds, 1) if self.seconds > 0 else 0.0
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -98,6 +104,7 @@ class Verification:
             "seconds": round(self.seconds, 3),
             "events_per_second": self.events_per_second,
             "digest": None if self.digest is None else str(self.digest),
+            "since": None if self.since is None else str(self.since),
             "position": self.position,
             "problem": self.problem,
             "guards_lacking": list(self.guards.lacking),  # [] when every one is in place
@@ -115,9 +122,10 @@ class IdsCheck:
     kept event maps to its position, and the index holds nothing more. An id
     missing from it would let a retry append the event again."""
 
-    def __init__(self, store: Store, cursor: Any) -> None:
+    def __init__(self, store: Store, cursor: Any, after: int = 0) -> None:
         self.store = store
         self.cursor = cursor
+        self.after = after  # the ids of positions up to here are not checked
         self.pending: list[tuple[int, str]] = []
         self.seen = 0
 
@@ -148,7 +156,12 @@ class IdsCheck:
 
     def extra(self) -> Break | None:
         """Once every kept id was seen: the index holds no others."""
-        self.cursor.execute("SELECT COUNT(*) FROM event_ids")
+        if self.after:  # (SQLite: a position kept as text is greater than any number)
+            self.cursor.execute(
+                f"SELECT COUNT(*) FROM event_ids WHERE position > {self.store.param}",
+                (self.after,))
+        else:
+            self.cursor.execute("SELECT COUNT(*) FROM event_ids")
         extra = int(self.cursor.fetchone()[0]) - self.seen
         if extra > 0:
             return Break(None, f"event_ids holds {extra} id(s) that no kept event has{self._one()}")
@@ -181,13 +194,17 @@ def _client_id(state: bytes) -> object:
 class ChainCheck:
     """Walks kept events and kept hashes side by side, both in position order."""
 
-    def __init__(self, digest: Digest | None = None, ids: IdsCheck | None = None) -> None:
+    def __init__(
+        self, digest: Digest | None = None, ids: IdsCheck | None = None,
+        since: Digest | None = None,
+    ) -> None:
         self.digest = digest
         self.ids = ids
-        self.previous = GENESIS
-        self.checked = 0
+        # where the walk starts: the genesis, or a digest whose hash the log keeps
+        self.previous = GENESIS if since is None else since.hash
+        self.checked = 0 if since is None else since.position
         # the hashes of the positions whose ids are not checked yet, and of the one before
-        self.unchecked: dict[int, str] = {0: GENESIS}
+        self.unchecked: dict[int, str] = {self.checked: self.previous}
 
     def run(
         self, events: Iterable[tuple[int, str | None, bytes]],
@@ -281,12 +298,15 @@ class ChainCheck:
         )
 
 
-def pages(store: Store, cursor: Any, table: str, columns: str, key: int = 1) -> Iterator[list[Any]]:
-    """Every row of a table, ``columns`` of it, a page at a time, in the order
-    of its first ``key`` columns (which tell each row apart)."""
+def pages(
+    store: Store, cursor: Any, table: str, columns: str, key: int = 1,
+    after: tuple[Any, ...] | None = None,
+) -> Iterator[list[Any]]:
+    """Every row of a table (after the key ``after``, if given), ``columns``
+    of it, a page at a time, in the order of its first ``key`` columns (which
+    tell each row apart)."""
     listed = ", ".join(columns.split(", ")[:key])
     marks = ", ".join([store.param] * key)
-    after: tuple[Any, ...] | None = None
     while True:
         where = f"WHERE ({listed}) > ({marks}) " if after else ""
         cursor.execute(
@@ -298,9 +318,11 @@ def pages(store: Store, cursor: Any, table: str, columns: str, key: int = 1) -> 
         after = tuple(page[-1][:key])
 
 
-def kept_hashes(store: Store, cursor: Any) -> Iterator[tuple[int, str]]:
-    """Every row of ``event_hashes`` in position order, page by page."""
-    for page in pages(store, cursor, "event_hashes", "position, hash"):
+def kept_hashes(store: Store, cursor: Any, after: int = 0) -> Iterator[tuple[int, str]]:
+    """Every row of ``event_hashes`` in position order (after ``after``, if
+    not 0), page by page."""
+    for page in pages(store, cursor, "event_hashes", "position, hash",
+                      after=(after,) if after else None):
         yield from ((int(row[0]), str(row[1])) for row in page)
 
 
@@ -310,9 +332,16 @@ def rows_beside(store: Store, cursor: Any, head: int) -> Break | None:
     INSERT), or under another stream. Nothing reads them as the log, but
     they were put there."""
     p = store.param
+    # Four ranges of the log's primary key (stream, position), not a scan of
+    # the whole table (0.1 ms against 111 ms at 300,000 events): ``verify
+    # --since`` reads only what was appended since. (SQLite: a position kept
+    # as text is greater than any number; a NULL one is in no range.)
     cursor.execute(
-        "SELECT COUNT(*), MIN(originator_version) FROM stored_events WHERE NOT "
-        f"(originator_id = {p} AND originator_version BETWEEN 1 AND {p})", (store.stream, head))
+        "SELECT COUNT(*), MIN(originator_version) FROM stored_events WHERE "
+        f"originator_id < {p} OR originator_id > {p} "
+        f"OR (originator_id = {p} AND originator_version < 1) "
+        f"OR (originator_id = {p} AND originator_version > {p})",
+        (store.stream, store.stream, store.stream, store.stream, head))
     count, lowest = cursor.fetchone()
     if count:
         return Break(
@@ -339,27 +368,70 @@ def applied_beyond(store: Store, cursor: Any, head: int) -> Break | None:
     return None
 
 
-def verify(store: Store, digest: Digest | None = None) -> Verification:
+def verify(
+    store: Store, digest: Digest | None = None, since: Digest | None = None
+) -> Verification:
     """Recompute the chain over the whole log; name the first position that
-    does not match, or prove the log extends ``digest``."""
+    does not match, or prove the log extends ``digest``. With ``since`` (a
+    digest kept earlier), only the events after it: the log must keep its
+    hash at its position, and every event after it must chain from there;
+    the events up to it are not read again (a whole verify checks them)."""
+    one_of(digest, since)
     started = time.perf_counter()
+    after = 0 if since is None else since.position
     with store.reading() as cursor:
-        check = ChainCheck(digest, IdsCheck(store, cursor))
+        check = ChainCheck(digest, IdsCheck(store, cursor, after), since)
         head = store.head(cursor)
         events = (
-            (e.originator_version, e.topic, bytes(e.state)) for e in store.read_log(0, head)
+            (e.originator_version, e.topic, bytes(e.state)) for e in store.read_log(after, head)
         )
-        found = (check.run(events, kept_hashes(store, cursor)) or rows_beside(store, cursor, head)
-                 or applied_beyond(store, cursor, head))
+        unfounded = _from_since(store, cursor, since, head)
+        found = unfounded or (
+            check.run(events, kept_hashes(store, cursor, after))
+            or rows_beside(store, cursor, head) or applied_beyond(store, cursor, head)
+        )
         guards = store.guards(cursor)
     seconds = time.perf_counter() - started
     if found is None:
         return Verification(head, check.checked, check.previous, seconds, digest=digest,
-                            guards=guards)
+                            guards=guards, since=since)
+    if unfounded is not None:  # nothing verified: the log does not hold where it would start
+        check.checked, check.previous = 0, GENESIS
     return Verification(
         head, check.checked, check.previous, seconds, found.position, found.problem, digest,
-        guards,
+        guards, since,
     )
+
+
+def one_of(digest: Digest | None, since: Digest | None) -> None:
+    """``BadOption`` if both are given: ``since`` proves what ``digest`` would."""
+    if digest is not None and since is not None:
+        raise BadOption("--since", "give --digest or --since, not both: --since already "
+                        "proves the log extends its digest")
+
+
+def _from_since(store: Store, cursor: Any, since: Digest | None, head: int) -> Break | None:
+    """Whether the log keeps ``since``'s hash at its position, as a walk
+    from there needs: what a whole walk would have recomputed there."""
+    if since is None:
+        return None
+    if since.position > head:
+        return Break(
+            head + 1,
+            f"the log ends at position {head}, before the digest's position {since.position}: "
+            f"events after {head} were removed, or the digest is of another ledger",
+        )
+    kept = GENESIS if since.position == 0 else store.hash_at(cursor, since.position)
+    if kept is None:
+        return Break(since.position, f"position {since.position} has no chain hash")
+    if kept != since.hash:
+        return Break(
+            since.position,
+            f"the log no longer extends digest {since}: the chain hash kept for position "
+            f"{since.position} is {kept} (the log was rewritten up to there, or the digest is "
+            "of another ledger)",
+        )
+    return None
 
 
 def current_digest(store: Store) -> Digest:
