@@ -157,9 +157,9 @@ class IdsCheck:
     def extra(self) -> Break | None:
         """Once every kept id was seen: the index holds no others."""
         if self.after:  # (SQLite: a position kept as text is greater than any number)
-            self.cursor.execute(
-                f"SELECT COUNT(*) FROM event_ids WHERE position > {self.store.param}",
-                (self.after,))
+            self.cursor.execute(  # below 1: no event's position, before the digest or not
+                f"SELECT COUNT(*) FROM event_ids WHERE position > {self.store.param} "
+                "OR position < 1", (self.after,))
         else:
             self.cursor.execute("SELECT COUNT(*) FROM event_ids")
         extra = int(self.cursor.fetchone()[0]) - self.seen
@@ -177,6 +177,8 @@ class IdsCheck:
                     self.cursor, sorted({row[0] for row in page if type(row[0]) is int}))
             }
             for position, client in page:
+                if type(position) is int and 0 < position <= self.after:
+                    continue  # before the digest: not counted, so not named
                 if kept.get(position) != client:
                     return f" ({client!r} for position {position}, first)"
         return ""
@@ -320,7 +322,12 @@ def pages(
 
 def kept_hashes(store: Store, cursor: Any, after: int = 0) -> Iterator[tuple[int, str]]:
     """Every row of ``event_hashes`` in position order (after ``after``, if
-    not 0), page by page."""
+    not 0), page by page; with ``after``, those below position 1 first (no
+    event's position, before the digest or not)."""
+    if after:
+        cursor.execute("SELECT position, hash FROM event_hashes WHERE position < 1 "
+                       "ORDER BY position")
+        yield from ((int(row[0]), str(row[1])) for row in cursor.fetchall())
     for page in pages(store, cursor, "event_hashes", "position, hash",
                       after=(after,) if after else None):
         yield from ((int(row[0]), str(row[1])) for row in page)
@@ -430,6 +437,27 @@ def _from_since(store: Store, cursor: Any, since: Digest | None, head: int) -> B
             f"the log no longer extends digest {since}: the chain hash kept for position "
             f"{since.position} is {kept} (the log was rewritten up to there, or the digest is "
             "of another ledger)",
+        )
+    return None if since.position == 0 else _linked(store, cursor, since)
+
+
+def _linked(store: Store, cursor: Any, since: Digest) -> Break | None:
+    """Whether the event at ``since``'s position and the hash kept before it
+    still give its hash (as ``current_digest`` checks the head): that event
+    is what the digest vouches for, and a rewrite before it that recomputed
+    the kept hashes up to it cannot give that hash again."""
+    at = since.position
+    before = GENESIS if at == 1 else store.hash_at(cursor, at - 1)
+    if before is None:
+        return Break(at - 1, f"position {at - 1} has no chain hash")
+    event = next(iter(store.kept_at(cursor, [at])), None)
+    if event is None:
+        return Break(at, f"position {at} is missing from the log (it holds the digest's event)")
+    if event.topic is None or link(before, at, event.topic, bytes(event.state)) != since.hash:
+        return Break(
+            at,
+            f"the event at position {at} does not match its chain hash "
+            "(edited, inserted, moved, or its hash altered)",
         )
     return None
 

@@ -14,7 +14,7 @@ from audit_support import Attack, StoreUnderTest, history, one_line_error, run, 
 from test_chain import TRIALS, tamper
 
 from ledger.application import Ledger
-from ledger.chain import GENESIS, Digest, current_digest, verify
+from ledger.chain import GENESIS, Digest, current_digest, link, verify
 from ledger.errors import BadOption
 from ledger.store import Store
 
@@ -97,7 +97,8 @@ def test_an_event_slipped_in_before_the_digest_moves_the_events_after_it(attack:
 
     found = verify(attack.store, since=since)
 
-    assert (found.ok, found.position, found.verified) == (False, SINCE + 1, SINCE)
+    # the digest's own event moved: it no longer gives the digest's hash
+    assert (found.ok, found.position, found.verified) == (False, SINCE, 0)
     assert "does not match its chain hash" in str(found.problem)
 
 
@@ -175,3 +176,65 @@ def test_a_malformed_since_is_a_usage_error(text: str, sqlite_under_test: StoreU
     refused = run("verify", "--since", text, url=sqlite_under_test.url)
     assert refused.returncode == 2
     assert "is not a digest" in one_line_error(refused.stderr)
+
+
+@pytest.mark.parametrize("edit", [
+    "INSERT INTO event_hashes (position, hash) VALUES (0, 'ab')",
+    "INSERT INTO event_hashes (position, hash) VALUES (-7, 'ab')",
+    "INSERT INTO event_ids (id, position) VALUES ('forged', 0)",
+    "INSERT INTO event_ids (id, position) VALUES ('forged', -7)",
+])
+def test_rows_below_position_1_in_hashes_or_ids_are_named_as_by_a_whole_verify(
+    attack: Attack, edit: str
+) -> None:
+    # no event's position, before the digest or not (helper-h611: passed)
+    attack.attacker.sql(edit)
+
+    whole = verify(attack.store)
+    found = verify(attack.store, since=digest_at(attack.store, SINCE))
+
+    assert not whole.ok
+    assert (found.ok, found.position) == (whole.ok, whole.position)
+
+
+def test_an_extra_id_after_the_digest_is_the_one_named(attack: Attack) -> None:
+    attack.attacker.sql("INSERT INTO event_ids (id, position) VALUES ('early', 3)")
+    attack.attacker.sql("INSERT INTO event_ids (id, position) VALUES ('late', 150)")
+
+    found = verify(attack.store, since=digest_at(attack.store, SINCE))
+
+    assert not found.ok
+    assert "('late' for position 150, first)" in str(found.problem)
+
+
+@pytest.mark.parametrize("how", ["edit", "delete"])
+def test_the_event_the_digest_vouches_for_is_checked(attack: Attack, how: str) -> None:
+    since = digest_at(attack.store, SINCE)
+    if how == "edit":
+        attack.attacker.edit(SINCE, random.Random(3))
+    else:
+        attack.attacker.delete(SINCE)
+
+    assert verify(attack.store).position == SINCE
+    found = verify(attack.store, since=since)
+
+    assert (found.ok, found.position, found.verified) == (False, SINCE, 0)
+
+
+def test_a_rewrite_before_the_digest_that_spares_its_hash_is_named(attack: Attack) -> None:
+    # the kept hashes recomputed up to the one before the digest's position,
+    # whose own kept hash is left as the digest has it: the chain breaks there
+    attacker, start = attack.attacker, SINCE - 30
+    since = digest_at(attack.store, SINCE)
+    attacker.edit(start, random.Random(11))
+    previous = str(attacker.sql("SELECT hash FROM event_hashes WHERE position = ?",
+                                (start - 1,))[0][0])
+    for at in range(start, SINCE):
+        topic, state = attacker.event(at)
+        previous = link(previous, at, topic, state)
+        attacker.sql("UPDATE event_hashes SET hash = ? WHERE position = ?", (previous, at))
+
+    assert verify(attack.store).position == SINCE
+    found = verify(attack.store, since=since)
+
+    assert (found.ok, found.position, found.verified) == (False, SINCE, 0)
