@@ -1112,6 +1112,21 @@ def test_a_suspect_node_takes_no_placements(cluster):
     assert cluster.slot_state("n1", 0) == ("free", None)
 
 
+def test_a_suspicion_is_not_inherited_by_the_children(cluster):
+    # SPEC refuses placements on a node that is suspect and says nothing of
+    # its children; only down and removed cascade (README, Choices). Drydock
+    # would keep leases off a suspect host's working copies: a scheduler that
+    # wants that reads query suspects and the nodes' parent column.
+    cluster.ready_node("h1")
+    cluster.ready_node("wc1", slots=1, parent="h1")
+    cluster.happens("node-suspected", node="h1", reason="disk errors")
+
+    cluster.place("L1", "wc1", slot=0)
+
+    assert cluster.node("wc1")["health"] == "ok"
+    assert cluster.slot_state("wc1", 0) == ("allocated", "L1")
+
+
 def test_an_unknown_node_cannot_be_suspected(cluster):
     assert cluster.refused("node-suspected", node="n9", reason="x") == "node n9 is not registered"
 
