@@ -446,20 +446,30 @@ def _linked(store: Store, cursor: Any, since: Digest) -> Break | None:
     still give its hash (as ``current_digest`` checks the head): that event
     is what the digest vouches for, and a rewrite before it that recomputed
     the kept hashes up to it cannot give that hash again."""
-    at = since.position
-    before = GENESIS if at == 1 else store.hash_at(cursor, at - 1)
-    if before is None:
-        return Break(at - 1, f"position {at - 1} has no chain hash")
-    event = next(iter(store.kept_at(cursor, [at])), None)
-    if event is None:
-        return Break(at, f"position {at} is missing from the log (it holds the digest's event)")
-    if event.topic is None or link(before, at, event.topic, bytes(event.state)) != since.hash:
+    recomputed = _recomputed(store, cursor, since.position)
+    if isinstance(recomputed, Break):
+        return recomputed
+    if recomputed != since.hash:
         return Break(
-            at,
-            f"the event at position {at} does not match its chain hash "
+            since.position,
+            f"the event at position {since.position} does not match its chain hash "
             "(edited, inserted, moved, or its hash altered)",
         )
     return None
+
+
+def _recomputed(store: Store, cursor: Any, position: int) -> str | Break:
+    """The chain hash of ``position`` (1 or more) from the hash kept before it
+    and its kept event, as a whole walk would compute it there (an event
+    without topic gives none: "" matches no hash); a ``Break`` where either
+    is missing."""
+    before = GENESIS if position == 1 else store.hash_at(cursor, position - 1)
+    if before is None:
+        return Break(position - 1, f"position {position - 1} has no chain hash")
+    event = next(iter(store.kept_at(cursor, [position])), None)
+    if event is None:
+        return Break(position, f"position {position} is missing from the log")
+    return "" if event.topic is None else link(before, position, event.topic, bytes(event.state))
 
 
 def current_digest(store: Store) -> Digest:
@@ -471,18 +481,15 @@ def current_digest(store: Store) -> Digest:
         if head == 0:
             return Digest(0, GENESIS)
         kept = store.hash_at(cursor, head)
-        before = GENESIS if head == 1 else store.hash_at(cursor, head - 1)
-        last = next(iter(store.read_log(head - 1, head)), None)
-    if kept is None or before is None or last is None:
-        where = head if kept is None else head - 1
-        raise LogEdited(
-            f"position {where} has no chain hash; run `alloc-ledger verify` to see where "
-            "the log was tampered with"
-        )
-    if last.topic is None or link(before, head, last.topic, bytes(last.state)) != kept:
+        recomputed = _recomputed(store, cursor, head)
+    advice = "run `alloc-ledger verify` to see where the log was tampered with"
+    if kept is None:
+        raise LogEdited(f"position {head} has no chain hash; {advice}")
+    if isinstance(recomputed, Break):
+        raise LogEdited(f"{recomputed.problem}; {advice}")
+    if recomputed != kept:
         raise LogEdited(
             f"the chain hash kept for position {head} does not follow from the event there "
-            "and the hash before it; run `alloc-ledger verify` to see where the log was "
-            "tampered with"
+            f"and the hash before it; {advice}"
         )
     return Digest(head, kept)
