@@ -119,6 +119,8 @@ class Cache(dict[str, V]):
         self.load = load
 
     def __missing__(self, key: str) -> V:
+        if type(key) is not str:  # only an edited log names one so: never a key of the state
+            raise TypeError(f"{key!r} is not a name")
         found = self[key] = self.load(key)
         return found
 

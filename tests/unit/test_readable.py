@@ -259,6 +259,27 @@ def test_a_replay_of_a_damaged_log_ends_in_one_of_the_ledgers_errors(data: st.Da
             assert error.problem != CANNOT_APPLY  # what is wrong with it is named
 
 
+@pytest.mark.parametrize(("kind", "field", "value"), [
+    ("alloc-placed", "alloc", None), ("alloc-placed", "alloc", 1),
+    ("alloc-placed", "addresses", [1]), ("node-registered", "node", None),
+])
+def test_a_name_edited_to_no_text_is_named_where_it_is_not_where_it_breaks_later(
+    kind: str, field: str, value: Any
+) -> None:
+    # CI's hypothesis run (2026-11-29): an alloc-placed kept with "alloc":
+    # null applied, and the next heartbeat-missed of its node failed on
+    # sorting its allocations' names (TypeError, no position named).
+    log = kept_log()
+    position = next(s.originator_version for s in log if s.topic == kind)
+    state = orjson.loads(log[position - 1].state)
+    state["event"][field] = value
+
+    with pytest.raises(Unreadable) as raised:
+        replay_log(Cluster(), damaged(position, orjson.dumps(state)), Progress(0))
+
+    assert raised.value.position == position
+
+
 @pytest.mark.parametrize("slots", [MAX_SLOTS + 1, 2**40])
 def test_a_registration_edited_to_more_slots_than_a_node_has_is_unreadable(slots: int) -> None:
     """Its slot table is never built: 2**40 slots took the test run's
