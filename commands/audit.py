@@ -3,18 +3,19 @@
 from __future__ import annotations
 
 import json
+from functools import partial
 from typing import Any
 
 import click
 
 from commands.cli import opened
-from commands.output import chosen, echo, emit, emit_object, format_option
+from commands.output import Rows, chosen, echo, emit, emit_object, format_option
 from ledger.chain import Digest, current_digest, one_of
 from ledger.chain import verify as verify_chain
 from ledger.errors import NotADigest
 from projections.asof import is_position
 from projections.audit import COLUMNS as AUDIT_COLUMNS
-from projections.audit import SECTIONS
+from projections.audit import SECTIONS, AuditReport
 from projections.audit import audit as audit_history
 from projections.repair import repair as repair_projections
 from projections.replay import replay as replay_projections
@@ -184,24 +185,25 @@ def audit(ctx: click.Context, start: int | None, end: int | None, fmt: str | Non
     """
     with opened(ctx) as store:
         report = audit_history(store, start, end)
-    found = report.as_dict()
-    fmt = chosen(fmt)
+    try:  # the findings are read from their temporary file as they are printed
+        _print(report, chosen(fmt))
+    finally:
+        report.close()
+
+
+def _print(report: AuditReport, fmt: str) -> None:
     if fmt == "jsonl":
         for section in SECTIONS:
-            emit([{"section": section} | row for row in found[section]],
-                 ("section",) + AUDIT_COLUMNS[section], "jsonl")
-    elif fmt == "json":
-        emit_object(found, "json")
-    else:
-        _print_sections(found)
-
-
-def _print_sections(found: dict[str, Any]) -> None:
-    summary = {k: v for k, v in found.items() if k not in SECTIONS}
-    emit_object(summary, "table")
-    for section in SECTIONS:
-        rows = found[section]
-        echo(f"\n{section.replace('_', ' ')} ({len(rows)}):")
+            found = ({"section": section} | row for row in report.rows(section))
+            emit(found, ("section",) + AUDIT_COLUMNS[section], "jsonl")
+        return
+    sections = {section: Rows(partial(report.rows, section)) for section in SECTIONS}
+    if fmt == "json":
+        emit_object(report.summary() | sections, "json")
+        return
+    emit_object(report.summary(), "table")
+    for section, rows in sections.items():
+        echo(f"\n{section.replace('_', ' ')} ({report.findings.counts[section]}):")
         emit(rows, AUDIT_COLUMNS[section], "table")
 
 

@@ -101,6 +101,17 @@ class NotADigest(LedgerError):
     """Text given as a head of the chain that is not ``POSITION:HASH``."""
 
 
+class FindingsNotKept(LedgerError):
+    """An audit's findings could not be kept in their temporary file (the
+    disk holding it is full, or it cannot be made there)."""
+
+    def __init__(self, why: str) -> None:
+        super().__init__(
+            f"cannot keep the audit's findings in a temporary file ({why}): give it room, or "
+            "set TMPDIR (or SQLITE_TMPDIR) to a directory with room; nothing was changed"
+        )
+
+
 class GrantRefused(LedgerError):
     """A role the ledger may not make a reporting role, or may not grant to."""
 

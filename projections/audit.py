@@ -24,6 +24,7 @@ the time ``needs-reconnect --as-of`` judges deadlines at there.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
@@ -35,6 +36,7 @@ from ledger.model import HEALTH_REASON, TIME_FORM, Allocation
 from ledger.records import Record, decode, gapless, replay
 from ledger.store import Store
 from projections.asof import head_within
+from projections.findings import Findings
 
 SECTIONS = (
     "rejections", "reconnects", "zombie_slots", "releasing_addresses", "suspects", "downs",
@@ -98,21 +100,40 @@ class Episode:
 
 @dataclass
 class AuditReport:
+    """The range audited and what was found in it: kept on disk, read a
+    section at a time (``rows``), never all held at once."""
+
     start: int
     end: int
     head: int
-    sections: dict[str, list[dict[str, Any]]]
+    findings: Findings
 
-    def as_dict(self) -> dict[str, Any]:
-        """The range, how many findings each section has, then the sections."""
+    def summary(self) -> dict[str, Any]:
+        """The range, and how many findings each section has."""
         summary = {
             "from": self.start,
             "to": self.end,
             "head": self.head,
             "events": max(0, self.end - self.start + 1),
         }
-        counts = {f"{name}_count": len(rows) for name, rows in self.sections.items()}
-        return summary | counts | self.sections
+        return summary | {f"{name}_count": self.findings.counts[name] for name in SECTIONS}
+
+    def rows(self, section: str) -> Iterator[dict[str, Any]]:
+        """A section's findings in its order, read as they are taken."""
+        return self.findings.rows(section)
+
+    @property
+    def sections(self) -> dict[str, list[dict[str, Any]]]:
+        """Every section's findings as lists: all held at once."""
+        return {name: list(self.rows(name)) for name in SECTIONS}
+
+    def as_dict(self) -> dict[str, Any]:
+        """The summary, then the sections as lists (all held at once)."""
+        return self.summary() | self.sections
+
+    def close(self) -> None:
+        """Let the findings' temporary file go (also when the report is collected)."""
+        self.findings.close()
 
 
 class Auditor:
@@ -121,7 +142,7 @@ class Auditor:
     def __init__(self, start: int) -> None:
         self.start = start
         self.cluster = Cluster()
-        self.found: dict[str, list[dict[str, Any]]] = {name: [] for name in SECTIONS}
+        self.found = Findings(SECTIONS)
         self.open: dict[str, dict[Any, Episode]] = {
             name: {} for name in ("reconnects", "zombie_slots", "releasing_addresses", "suspects")
         }
@@ -152,25 +173,21 @@ class Auditor:
         self._addresses(changes, position, at)
         self._nodes(changes, record, position, at)
 
-    def finish(self) -> dict[str, list[dict[str, Any]]]:
+    def finish(self) -> Findings:
+        """What was found, with the episodes still going at the range's end."""
         for name, episodes in self.open.items():
-            self.found[name] += [e.still_open(self.last_at) for e in episodes.values()]
-            self.found[name].sort(key=_started)
+            for episode in episodes.values():
+                self._found(name, episode, episode.still_open(self.last_at))
             episodes.clear()
-        for row in self.found["reconnects"]:
-            waited, limit = row["elapsed"], row["max_disconnect"]
-            row["past_deadline"] = (
-                None if waited is None or limit is None else waited >= timedelta(seconds=limit))
-        return {
-            name: [{column: row.get(column) for column in COLUMNS[name]} for row in rows]
-            for name, rows in self.found.items()
-        }
+        self.found.finish()
+        return self.found
 
     # -- sections ----------------------------------------------------------------
 
     def _note(self, section: str, position: int, row: dict[str, Any]) -> None:
         if position >= self.start:
-            self.found[section].append(row)
+            # listed as found: in log order
+            self.found.add(section, {column: row.get(column) for column in COLUMNS[section]})
 
     def _begin(self, section: str, key: Any, episode: Episode) -> None:
         self.open[section][key] = episode
@@ -178,7 +195,18 @@ class Auditor:
     def _end(self, section: str, key: Any, position: int, at: str, **more: Any) -> None:
         episode = self.open[section].pop(key, None)
         if episode is not None and position >= self.start:
-            self.found[section].append(episode.close(position, at, **more))
+            self._found(section, episode, episode.close(position, at, **more))
+
+    def _found(self, section: str, episode: Episode, row: dict[str, Any]) -> None:
+        """An episode's row, listed by its start, then its allocation's or node's name."""
+        if section == "reconnects":
+            waited, limit = row["elapsed"], row["max_disconnect"]
+            row["past_deadline"] = (
+                None if waited is None or limit is None else waited >= timedelta(seconds=limit))
+        name = str(row.get("alloc") or row.get("node") or "")
+        self.found.add(
+            section, {column: row.get(column) for column in COLUMNS[section]},
+            episode.position, name)
 
     def _alloc_states(self, changes: Changes, position: int) -> None:
         for state in changes.alloc_states:
@@ -312,13 +340,6 @@ class Auditor:
         })
 
 
-def _started(row: dict[str, Any]) -> tuple[int, str]:
-    for name in ("unknown", "appeared", "requested", "suspect"):
-        if f"{name}_position" in row:
-            return row[f"{name}_position"], str(row.get("alloc") or row.get("node") or "")
-    return 0, ""
-
-
 @fewer_collections()
 def audit(store: Store, start: int | None = None, end: int | None = None) -> AuditReport:
     """Replay the log up to ``end`` and report what was unusual from ``start`` on."""
@@ -334,6 +355,10 @@ def audit(store: Store, start: int | None = None, end: int | None = None) -> Aud
             raise OutOfRange("--to", f"position {last} is before the first position (1)")
         raise OutOfRange("--from", f"position {first} is after --to {last}")
     auditor = Auditor(first)
-    for stored in gapless(store.read_log(0, last)):
-        auditor.see(decode(stored))
-    return AuditReport(first, last, head, auditor.finish())
+    try:
+        for stored in gapless(store.read_log(0, last)):
+            auditor.see(decode(stored))
+        return AuditReport(first, last, head, auditor.finish())
+    except BaseException:
+        auditor.found.close()
+        raise
