@@ -101,13 +101,13 @@ class NotADigest(LedgerError):
     """Text given as a head of the chain that is not ``POSITION:HASH``."""
 
 
-class FindingsNotKept(LedgerError):
-    """An audit's findings could not be kept in their temporary file (the
+class SpillFailed(LedgerError):
+    """What an audit keeps on disk could not be kept in its temporary file (the
     disk holding it is full, or it cannot be made there)."""
 
     def __init__(self, why: str) -> None:
         super().__init__(
-            f"cannot keep the audit's findings in a temporary file ({why}): give it room, or "
+            f"cannot keep the audit's work in a temporary file ({why}): give it room, or "
             "set TMPDIR (or SQLITE_TMPDIR) to a directory with room; nothing was changed"
         )
 

@@ -36,7 +36,7 @@ from ledger.model import HEALTH_REASON, TIME_FORM, Allocation
 from ledger.records import Record, decode, gapless, replay
 from ledger.store import Store
 from projections.asof import head_within
-from projections.findings import Findings
+from projections.spill import DoneWith, Findings, Spill
 
 SECTIONS = (
     "rejections", "reconnects", "zombie_slots", "releasing_addresses", "suspects", "downs",
@@ -133,16 +133,23 @@ class AuditReport:
 
     def close(self) -> None:
         """Let the findings' temporary file go (also when the report is collected)."""
-        self.findings.close()
+        self.findings.spill.close()
 
 
 class Auditor:
     """Watches a replay event by event and writes down what is unusual."""
 
-    def __init__(self, start: int) -> None:
+    def __init__(self, start: int, forget: bool = True) -> None:
+        """``forget``: keep what the replay is done with on disk (``DoneWith``)."""
         self.start = start
-        self.cluster = Cluster()
-        self.found = Findings(SECTIONS)
+        self.spill = Spill()
+        try:
+            self.found = Findings(self.spill, SECTIONS)
+            self.done_with = DoneWith(self.spill) if forget else None
+        except BaseException:
+            self.spill.close()
+            raise
+        self.cluster = Cluster(self.done_with)
         self.open: dict[str, dict[Any, Episode]] = {
             name: {} for name in ("reconnects", "zombie_slots", "releasing_addresses", "suspects")
         }
@@ -172,6 +179,9 @@ class Auditor:
         self._zombies(changes, position, at)
         self._addresses(changes, position, at)
         self._nodes(changes, record, position, at)
+        done = self.done_with
+        if done is not None and (changes.allocs or done.looked_up):
+            done.forget(self.cluster, changes.allocs)
 
     def finish(self) -> Findings:
         """What was found, with the episodes still going at the range's end."""
@@ -210,7 +220,7 @@ class Auditor:
 
     def _alloc_states(self, changes: Changes, position: int) -> None:
         for state in changes.alloc_states:
-            alloc = self.cluster.allocs.get(state.alloc)
+            alloc = self.cluster.allocs[state.alloc]
             if state.value == "unknown" and alloc is not None:
                 self._begin("reconnects", state.alloc, Episode(
                     {"alloc": state.alloc, "node": alloc.node,
@@ -283,7 +293,7 @@ class Auditor:
         reporter = self.cluster.nodes.get(node)
         if reporter is not None and reporter.status == "removed":
             return None
-        alloc: Allocation | None = self.cluster.allocs.get(alloc_id)
+        alloc: Allocation | None = self.cluster.allocs[alloc_id]
         if alloc is None:
             return "unknown-alloc"
         if alloc.removed or alloc.terminal:
@@ -298,7 +308,7 @@ class Auditor:
         for hold in changes.held:
             if hold.state != "releasing" or hold.address in self.open["releasing_addresses"]:
                 continue
-            alloc = self.cluster.allocs.get(hold.alloc)
+            alloc = self.cluster.allocs[hold.alloc]
             self._begin("releasing_addresses", hold.address, Episode(
                 {"address": hold.address, "alloc": hold.alloc, "node": hold.node,
                  "requested": None if alloc is None else alloc.desired_status},
@@ -308,7 +318,7 @@ class Auditor:
             episode = self.open["releasing_addresses"].get(address)
             if episode is None:
                 continue
-            alloc = self.cluster.allocs.get(episode.fields["alloc"])
+            alloc = self.cluster.allocs[episode.fields["alloc"]]
             outcome = None if alloc is None else alloc.client_status
             self._end("releasing_addresses", address, position, at, outcome=outcome)
 
@@ -341,8 +351,11 @@ class Auditor:
 
 
 @fewer_collections()
-def audit(store: Store, start: int | None = None, end: int | None = None) -> AuditReport:
-    """Replay the log up to ``end`` and report what was unusual from ``start`` on."""
+def audit(
+    store: Store, start: int | None = None, end: int | None = None, forget: bool = True,
+) -> AuditReport:
+    """Replay the log up to ``end`` and report what was unusual from ``start``
+    on (``forget``: keep the allocations the replay is done with on disk)."""
     head = head_within(store, end, "--to")
     first = 1 if start is None else start
     last = head if end is None else end
@@ -354,11 +367,11 @@ def audit(store: Store, start: int | None = None, end: int | None = None) -> Aud
         if start is None:
             raise OutOfRange("--to", f"position {last} is before the first position (1)")
         raise OutOfRange("--from", f"position {first} is after --to {last}")
-    auditor = Auditor(first)
+    auditor = Auditor(first, forget)
     try:
         for stored in gapless(store.read_log(0, last)):
             auditor.see(decode(stored))
         return AuditReport(first, last, head, auditor.finish())
     except BaseException:
-        auditor.found.close()
+        auditor.spill.close()
         raise

@@ -1,0 +1,162 @@
+"""What an audit keeps on disk rather than in memory.
+
+An audit replays the whole log, and what it holds grew with history: its
+findings (every rejection, every reconnect, every zombie slot's episode),
+and every allocation ever placed, removed ones included (a later event may
+name one again). Most of its 1.9 GB at 10 million events. Both are kept in
+a private temporary SQLite database instead (``Spill``: made in
+``SQLITE_TMPDIR``, ``TMPDIR`` or ``/var/tmp``; SQLite deletes it when it is
+closed, or when the process ends, however it ends):
+
+* ``Findings``: written as they are found, read back a section at a time,
+  in the section's order, as the report is printed;
+* ``DoneWith``: allocations that can no longer change (removed), and names
+  never placed, moved out of the cluster's memory after each event and
+  loaded again when an event names them.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from collections.abc import Iterable, Iterator, Sequence
+from contextlib import contextmanager
+from typing import Any
+
+import orjson
+
+from ledger.domain import Cluster, EmptySource
+from ledger.errors import SpillFailed
+from ledger.model import Allocation
+
+HELD = 1000  # rows gathered before they are written at once
+
+
+def packed(value: Any) -> bytes:
+    """``orjson.dumps`` in bytes of its own size: orjson hands back the
+    buffer it wrote in, 4 KiB at least (``ledger.records``), and a thousand
+    of them are held at once."""
+    return bytes(memoryview(orjson.dumps(value)))
+
+
+@contextmanager
+def _kept() -> Iterator[None]:
+    try:
+        yield
+    except sqlite3.Error as error:
+        raise SpillFailed(str(error)) from None
+
+
+class Spill:
+    """A private temporary SQLite database (``max_pages``: its size limit, in
+    pages: a disk that fills, for tests)."""
+
+    def __init__(self, max_pages: int | None = None) -> None:
+        with _kept():
+            # "": a private temporary database, on disk once it outgrows its cache
+            self.db = sqlite3.connect("", isolation_level=None)
+            try:
+                self.db.execute("PRAGMA journal_mode = OFF")  # nothing to roll back to
+                if max_pages is not None:
+                    self.db.execute(f"PRAGMA max_page_count = {int(max_pages)}")
+            except sqlite3.Error:
+                self.db.close()
+                raise
+
+    def run(self, sql: str, parameters: Sequence[Any] = ()) -> list[Any]:
+        try:  # (run for every allocation placed: no context manager's cost)
+            return self.db.execute(sql, parameters).fetchall()
+        except sqlite3.Error as error:
+            raise SpillFailed(str(error)) from None
+
+    def rows(self, sql: str, parameters: Sequence[Any] = ()) -> Iterator[Any]:
+        """The rows of a query, read as they are taken."""
+        with _kept():
+            yield from self.db.execute(sql, parameters)
+
+    def write(self, sql: str, rows: Iterable[Sequence[Any]]) -> None:
+        """``executemany`` in one transaction."""
+        with _kept(), self.db:
+            self.db.execute("BEGIN")
+            self.db.executemany(sql, rows)
+
+    def close(self) -> None:
+        self.db.close()
+
+
+class Findings:
+    """Rows of some sections, each row with the key it is listed by in its
+    section (its start, then a name); rows of equal keys are listed in the
+    order they were added."""
+
+    def __init__(self, spill: Spill, sections: Sequence[str]) -> None:
+        self.spill = spill
+        self.sections = {name: index for index, name in enumerate(sections)}
+        self.counts = dict.fromkeys(sections, 0)
+        self._held: list[tuple[int, int, str, bytes]] = []
+        spill.run("CREATE TABLE found (section INTEGER, started INTEGER, name TEXT, row BLOB)")
+        self._ordered = False
+
+    def add(self, section: str, row: dict[str, Any], started: int = 0, name: str = "") -> None:
+        self._held.append((self.sections[section], started, name, packed(row)))
+        self.counts[section] += 1
+        if len(self._held) >= HELD:
+            self._write()
+
+    def finish(self) -> None:
+        """Write what is held, and index the rows in their sections' order."""
+        self._write()
+        self.spill.run("CREATE INDEX found_order ON found (section, started, name)")
+        self._ordered = True
+
+    def rows(self, section: str) -> Iterator[dict[str, Any]]:
+        """A section's rows in its order, read as they are taken."""
+        assert self._ordered, "finish() first"
+        found = self.spill.rows(
+            "SELECT row FROM found WHERE section = ? ORDER BY started, name, rowid",
+            (self.sections[section],))
+        for (row,) in found:
+            yield orjson.loads(row)
+
+    def _write(self) -> None:
+        if self._held:
+            self.spill.write("INSERT INTO found VALUES (?, ?, ?, ?)", self._held)
+            self._held = []
+
+
+class DoneWith(EmptySource):
+    """The cluster's source for an in-memory replay that lets go of what it
+    is done with: allocations removed (which no event changes again) and
+    names looked up but never placed. ``forget(cluster, changed)`` after each
+    event moves them out of the cluster's memory; a later lookup of one
+    loads it from here (a removed allocation as it was kept; a name never
+    placed as none, as an empty source would)."""
+
+    def __init__(self, spill: Spill) -> None:
+        self.spill = spill
+        self._held: dict[str, bytes] = {}  # removed, not yet written
+        self.looked_up: list[str] = []  # names loaded since the last ``forget``
+        spill.run("CREATE TABLE done_with (alloc TEXT PRIMARY KEY, kept BLOB) WITHOUT ROWID")
+
+    def load_alloc(self, alloc: str) -> Allocation | None:
+        self.looked_up.append(alloc)
+        kept = self._held.get(alloc)
+        if kept is None:
+            found = self.spill.run("SELECT kept FROM done_with WHERE alloc = ?", (alloc,))
+            kept = found[0][0] if found else None
+        return None if kept is None else Allocation(**orjson.loads(kept))
+
+    def forget(self, cluster: Cluster, changed: Iterable[Allocation]) -> None:
+        """Move out of ``cluster`` the allocations removed in the last event,
+        and those loaded for it that are removed or were never placed."""
+        allocs = cluster.allocs
+        for alloc in changed:
+            if alloc.removed:
+                self._held[alloc.alloc] = packed(alloc)
+                del allocs[alloc.alloc]
+        for name in self.looked_up:
+            if name in allocs and ((found := allocs[name]) is None or found.removed):
+                del allocs[name]
+        self.looked_up = []
+        if len(self._held) >= HELD:
+            self.spill.write("INSERT OR REPLACE INTO done_with VALUES (?, ?)", self._held.items())
+            self._held = {}

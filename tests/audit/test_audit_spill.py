@@ -1,0 +1,263 @@
+"""An audit keeps on disk what would grow with history in memory (its
+findings, and the allocations its replay is done with): a long history no
+longer decides whether it can be audited. The findings come back in each
+section's order, a removed allocation comes back as it was kept, the
+report is the one an audit holding everything in memory makes, and a disk
+too full to keep them is one line."""
+
+from __future__ import annotations
+
+import json
+import tempfile
+import tracemalloc
+from collections.abc import Iterator
+from functools import partial
+from pathlib import Path
+from typing import Any
+from unittest.mock import patch
+
+import pytest
+from audit_support import StoreUnderTest, history, texts
+from click.testing import CliRunner
+from hypothesis import HealthCheck, given, settings
+from model_support import Scenario, scenarios
+
+import projections.audit
+import projections.spill
+from commands.cli import cli
+from ledger.application import Ledger
+from ledger.domain import Cluster
+from ledger.errors import SpillFailed
+from ledger.model import Allocation
+from ledger.store import open_store
+from projections.audit import AuditReport, audit
+from projections.spill import HELD, DoneWith, Findings, Spill
+
+
+def test_a_section_lists_its_rows_by_start_then_name_then_as_added() -> None:
+    found = Findings(Spill(), ("a", "b"))
+    found.add("a", {"n": 1}, 5, "x")
+    found.add("b", {"n": 2}, 1, "z")
+    found.add("a", {"n": 3}, 2, "y")
+    found.add("a", {"n": 4}, 5, "w")
+    found.add("a", {"n": 5}, 5, "x")
+    found.finish()
+    assert [row["n"] for row in found.rows("a")] == [3, 4, 1, 5]
+    assert [row["n"] for row in found.rows("b")] == [2]
+    assert found.counts == {"a": 4, "b": 1}
+    found.spill.close()
+
+
+def test_rows_come_back_as_they_went_in_past_what_is_held_at_once() -> None:
+    found = Findings(Spill(), ("s",))
+    rows = [{"position": i, "at": f"t{i}", "cascade": ["n1", "é"], "seconds": i / 3,
+             "ongoing": i % 2 == 0, "reason": None} for i in range(2 * HELD + 7)]
+    for row in rows:
+        found.add("s", row)  # all at the same key: as added
+    found.finish()
+    assert list(found.rows("s")) == rows
+    assert list(found.rows("s")) == rows  # read again (a table reads its rows twice)
+    found.spill.close()
+
+
+def test_a_disk_too_full_for_the_findings_is_a_named_error() -> None:
+    found = Findings(Spill(max_pages=2), ("s",))
+    with pytest.raises(SpillFailed, match="database or disk is full"):
+        for i in range(10 * HELD):
+            found.add("s", {"reason": "x" * 100, "i": i})
+        found.finish()
+    found.spill.close()
+
+
+def flapping(episodes: int) -> Iterator[dict[str, Any]]:
+    """A node that reports a slot held by an allocation never placed, then
+    not, again and again: one zombie slot episode each time, and nothing
+    else the cluster keeps grows."""
+    yield {"type": "node-registered", "node": "n1", "slots": 1}
+    for _ in range(episodes):
+        yield {"type": "heartbeat", "node": "n1", "slots": [{"slot": 0, "alloc": "ghost"}]}
+        yield {"type": "heartbeat", "node": "n1", "slots": []}
+
+
+def audit_peak(path: Path, episodes: int) -> tuple[int, int]:
+    """The audit's zombie slot count and the peak of Python's memory while
+    it ran (``tracemalloc``)."""
+    url = f"sqlite:///{path}"
+    with Ledger.open(url) as ledger:
+        for _ in ledger.submit_many(flapping(episodes), batch=1000):
+            pass
+    store = open_store(url, create=False)
+    tracemalloc.start()
+    try:
+        report = audit(store)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+        store.close()
+    count = report.summary()["zombie_slots_count"]
+    report.close()
+    return count, peak
+
+
+def test_an_audits_memory_does_not_grow_with_what_it_finds(tmp_path: Path) -> None:
+    small, small_peak = audit_peak(tmp_path / "small.db", 4000)
+    large, large_peak = audit_peak(tmp_path / "large.db", 16000)
+    assert (small, large) == (4000, 16000)
+    # Held in memory, each finding took about 1,300 bytes: 12,000 more, 16 MB.
+    grown = large_peak - small_peak
+    assert grown < 100 * (large - small), f"peak {small_peak} then {large_peak} bytes"
+
+
+def test_the_command_prints_what_was_kept_on_disk(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path}/l.db"
+    with Ledger.open(url) as ledger:
+        for _ in ledger.submit_many(flapping(2 * HELD + 5), batch=1000):
+            pass
+    runner = CliRunner()
+    shown = runner.invoke(cli, ["--store", url, "audit", "--format", "json"])
+    assert shown.exit_code == 0, shown.output
+    report = json.loads(shown.output)
+    assert report["zombie_slots_count"] == len(report["zombie_slots"]) == 2 * HELD + 5
+    assert [z["appeared_position"] for z in report["zombie_slots"]] == list(
+        range(2, 2 * (2 * HELD + 5) + 2, 2))
+    lines = runner.invoke(cli, ["--store", url, "audit", "--format", "jsonl"])
+    assert [json.loads(line) for line in lines.output.splitlines()] == [
+        {"section": "zombie_slots"} | z for z in report["zombie_slots"]]
+    table = runner.invoke(cli, ["--store", url, "audit", "--format", "table"])
+    assert f"zombie slots ({2 * HELD + 5}):" in table.output
+    assert len([line for line in table.output.splitlines() if "ghost" in line]) == 2 * HELD + 5
+
+
+def test_the_command_says_in_one_line_when_the_disk_is_too_full(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    url = f"sqlite:///{tmp_path}/l.db"
+    with Ledger.open(url) as ledger:
+        for _ in ledger.submit_many(flapping(HELD), batch=1000):
+            pass
+    monkeypatch.setattr(projections.audit, "Spill", partial(Spill, max_pages=2))
+    shown = CliRunner().invoke(cli, ["--store", url, "audit", "--format", "json"])
+    assert shown.exit_code == 1
+    assert shown.stdout == ""
+    assert shown.stderr.splitlines() == [
+        ("Error: cannot keep the audit's work in a temporary file (database or disk is "
+         "full): give it room, or set TMPDIR (or SQLITE_TMPDIR) to a directory with room; "
+         "nothing was changed")]
+
+
+def test_a_removed_allocation_leaves_memory_and_comes_back_as_it_was_kept(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(projections.spill, "HELD", 2)  # written at the second
+    spill = Spill()
+    done = DoneWith(spill)
+    cluster = Cluster(done)
+    removed = [Allocation(f"a{i}", "n1", slot=i, addresses=[f"10.0.0.{i}"],
+                          client_status="complete", removed=True) for i in range(3)]
+    live = Allocation("b", "n1")
+    for alloc in [*removed, live]:
+        cluster.allocs[alloc.alloc] = alloc
+    done.forget(cluster, [*removed, live])
+    assert list(cluster.allocs) == ["b"]
+    assert spill.run("SELECT alloc FROM done_with ORDER BY alloc") == [("a0",), ("a1",), ("a2",)]
+    assert [cluster.allocs[f"a{i}"] for i in range(3)] == removed  # loaded again
+    assert cluster.allocs["never"] is None
+    done.forget(cluster, [])  # what was loaded for an event goes again after it
+    assert list(cluster.allocs) == ["b"]
+    spill.close()
+
+
+def test_an_allocation_removed_since_the_last_write_is_found_all_the_same() -> None:
+    done = DoneWith(Spill())
+    cluster = Cluster(done)
+    alloc = cluster.allocs["a1"] = Allocation("a1", "n1", client_status="failed", removed=True)
+    done.forget(cluster, [alloc])
+    assert done.spill.run("SELECT COUNT(*) FROM done_with") == [(0,)]  # held, not yet written
+    assert cluster.allocs["a1"] == alloc
+    done.spill.close()
+
+
+def the_whole(report: AuditReport) -> dict[str, Any]:
+    try:
+        return report.as_dict()
+    finally:
+        report.close()
+
+
+def test_an_audit_that_forgets_reports_what_one_holding_everything_does(
+    under_test: StoreUnderTest, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(projections.spill, "HELD", 3)  # both written many times over
+    with Ledger.open(under_test.url) as ledger:
+        list(ledger.submit_many(texts(history(4000, nodes=30, seed=7)), batch=500))
+    store = open_store(under_test.url)
+    try:
+        forgetting = the_whole(audit(store))
+        holding = the_whole(audit(store, forget=False))
+        later = the_whole(audit(store, start=2500, end=3500))
+        later_holding = the_whole(audit(store, start=2500, end=3500, forget=False))
+    finally:
+        store.close()
+    assert forgetting == holding
+    assert later == later_holding
+    # The history has what the spill must get right: removed allocations a
+    # node still reports (released), and allocations never placed.
+    reasons = {row["reason"] for row in holding["zombie_slots"]}
+    assert {"released", "unknown-alloc"} <= reasons, reasons
+    assert holding["rejections_count"] > 0 and holding["reconnects_count"] > 0
+
+
+@settings(max_examples=40, deadline=None,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@given(scenarios(max_steps=60))
+def test_any_stream_audits_alike_forgetting_or_holding(scenario: Scenario) -> None:
+    with (
+        tempfile.TemporaryDirectory() as directory,
+        patch.object(projections.spill, "HELD", 1),
+        Ledger.open(f"sqlite:///{directory}/l.db") as ledger,
+    ):
+        for _ in ledger.submit_many([step.submission for step in scenario.steps], batch=7):
+            pass
+        assert the_whole(audit(ledger.store)) == the_whole(audit(ledger.store, forget=False))
+
+
+def placed_and_removed(allocs: int) -> Iterator[dict[str, Any]]:
+    """Allocations placed, run, completed and removed one after another on
+    one slot: the cluster's live state stays one allocation."""
+    yield {"type": "node-registered", "node": "n1", "slots": 1}
+    yield {"type": "heartbeat", "node": "n1"}
+    for i in range(allocs):
+        alloc = f"job-{i:06d}-with-a-long-name"
+        yield {"type": "alloc-placed", "alloc": alloc, "node": "n1", "slot": 0,
+               "addresses": [f"10.{i // 65536}.{i // 256 % 256}.{i % 256}"]}
+        yield {"type": "alloc-updated", "alloc": alloc, "client_status": "complete"}
+        yield {"type": "alloc-removed", "alloc": alloc}
+
+
+def replay_peak(path: Path, allocs: int, forget: bool) -> int:
+    url = f"sqlite:///{path}"
+    if not path.exists():
+        with Ledger.open(url) as ledger:
+            for _ in ledger.submit_many(placed_and_removed(allocs), batch=1000):
+                pass
+    store = open_store(url, create=False)
+    tracemalloc.start()
+    try:
+        report = audit(store, forget=forget)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+        store.close()
+    report.close()
+    return peak
+
+
+def test_an_audits_memory_does_not_grow_with_the_allocations_it_is_done_with(
+    tmp_path: Path,
+) -> None:
+    small = replay_peak(tmp_path / "small.db", 2000, forget=True)
+    large = replay_peak(tmp_path / "large.db", 8000, forget=True)
+    holding = replay_peak(tmp_path / "large.db", 8000, forget=False)
+    # Held in memory, each allocation took about 700 bytes: 6,000 more, 4 MB.
+    assert large - small < 100 * 6000, f"peak {small} then {large} bytes"
+    assert holding - large > 300 * 6000, f"{holding} bytes holding them, {large} forgetting"
