@@ -102,12 +102,13 @@ class NotADigest(LedgerError):
 
 
 class SpillFailed(LedgerError):
-    """What an audit keeps on disk could not be kept in its temporary file (the
-    disk holding it is full, or it cannot be made there)."""
+    """What a replay keeps on disk (an audit's findings, the allocations it
+    is done with) could not be kept in its temporary file (the disk holding
+    it is full, or it cannot be made there)."""
 
     def __init__(self, why: str) -> None:
         super().__init__(
-            f"cannot keep the audit's work in a temporary file ({why}): give it room, or "
+            f"cannot keep the replay's work in a temporary file ({why}): give it room, or "
             "set TMPDIR (or SQLITE_TMPDIR) to a directory with room; nothing was changed"
         )
 

@@ -38,6 +38,7 @@ from ledger.store import SCRATCH, Abandoned, LoggedEvent, Store, scratch_prefix
 from projections import tables
 from projections.asof import AsOf, head_within, rebuild
 from projections.rows import ChangedRows, Statements, changed_rows
+from projections.spill import DoneWith, Spill
 
 CHUNK = 50_000  # events replayed per transaction (SQLite writers wait for each)
 # ... and about this many bytes of kept events at most: a chunk's changed
@@ -125,8 +126,12 @@ class Scratch:
         self.prefix = prefix
         self.sql = Statements(store.param, prefix)
         # Replayed from position 0 into new tables, with every entity kept in
-        # memory: what the cluster does not hold, the tables do not either.
-        self.cluster = Cluster()
+        # memory but what it is done with (removed allocations, names never
+        # placed), kept in a temporary file after each chunk and loaded from
+        # there again when named: what neither holds, the tables do not either.
+        self.spill = Spill()
+        self.done_with = DoneWith(self.spill)
+        self.cluster = Cluster(self.done_with)
         self.position = 0
         self.seconds = 0.0
 
@@ -162,7 +167,9 @@ class Scratch:
                     elif progress.position != end:
                         check_read_whole(
                             progress.position, self.store.read_log(progress.position), end)
-                    changed = changed_rows(self.cluster.take_changes())
+                    changes = self.cluster.take_changes()
+                    self.done_with.forget(self.cluster, changes.allocs)
+                    changed = changed_rows(changes)
                     if writing is not None:
                         writing.result()
                         writing = None
@@ -230,6 +237,8 @@ def scratch_tables(store: Store) -> Iterator[Scratch]:
             with suppress(LedgerError):
                 _drop(store, prefix)
             raise
+        finally:
+            scratch.spill.close()
         _drop(store, prefix)
 
 

@@ -1,18 +1,19 @@
-"""What an audit keeps on disk rather than in memory.
+"""What a replay of the whole log keeps on disk rather than in memory.
 
-An audit replays the whole log, and what it holds grew with history: its
-findings (every rejection, every reconnect, every zombie slot's episode),
-and every allocation ever placed, removed ones included (a later event may
-name one again). Most of its 1.9 GB at 10 million events. Both are kept in
-a private temporary SQLite database instead (``Spill``: made in
-``SQLITE_TMPDIR``, ``TMPDIR`` or ``/var/tmp``; SQLite deletes it when it is
-closed, or when the process ends, however it ends):
+An audit, or ``alloc-ledger replay``, replays the whole log, and what it
+held grew with history: every allocation ever placed, removed ones included
+(a later event may name one again), and an audit's findings (every
+rejection, every reconnect, every zombie slot's episode): most of an
+audit's 1.9 GB at 10 million events. Both are kept in a private temporary
+SQLite database instead (``Spill``: made in ``SQLITE_TMPDIR``, ``TMPDIR`` or
+``/var/tmp``; SQLite deletes it when it is closed, or when the process ends,
+however it ends):
 
-* ``Findings``: written as they are found, read back a section at a time,
-  in the section's order, as the report is printed;
 * ``DoneWith``: allocations that can no longer change (removed), and names
-  never placed, moved out of the cluster's memory after each event and
-  loaded again when an event names them.
+  never placed, moved out of the cluster's memory after each event (an
+  audit) or chunk (a replay) and loaded again when an event names them;
+* ``Findings``: an audit's, written as they are found, read back a section
+  at a time, in the section's order, as the report is printed.
 """
 
 from __future__ import annotations

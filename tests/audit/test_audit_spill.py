@@ -140,7 +140,7 @@ def test_the_command_says_in_one_line_when_the_disk_is_too_full(
     assert shown.exit_code == 1
     assert shown.stdout == ""
     assert shown.stderr.splitlines() == [
-        ("Error: cannot keep the audit's work in a temporary file (database or disk is "
+        ("Error: cannot keep the replay's work in a temporary file (database or disk is "
          "full): give it room, or set TMPDIR (or SQLITE_TMPDIR) to a directory with room; "
          "nothing was changed")]
 
