@@ -293,7 +293,9 @@ class Auditor:
         reporter = self.cluster.nodes.get(node)
         if reporter is not None and reporter.status == "removed":
             return None
-        alloc: Allocation | None = self.cluster.allocs[alloc_id]
+        # (a name that is not text, only an edited log's report, was never placed)
+        alloc: Allocation | None = (
+            self.cluster.allocs[alloc_id] if type(alloc_id) is str else None)
         if alloc is None:
             return "unknown-alloc"
         if alloc.removed or alloc.terminal:

@@ -130,7 +130,11 @@ class Scratch:
         # placed), kept in a temporary file after each chunk and loaded from
         # there again when named: what neither holds, the tables do not either.
         self.spill = Spill()
-        self.done_with = DoneWith(self.spill)
+        try:
+            self.done_with = DoneWith(self.spill)
+        except BaseException:
+            self.spill.close()
+            raise
         self.cluster = Cluster(self.done_with)
         self.position = 0
         self.seconds = 0.0

@@ -18,9 +18,11 @@ however it ends):
 
 from __future__ import annotations
 
+import json
 import sqlite3
 from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
+from dataclasses import asdict, is_dataclass
 from typing import Any
 
 import orjson
@@ -35,8 +37,14 @@ HELD = 1000  # rows gathered before they are written at once
 def packed(value: Any) -> bytes:
     """``orjson.dumps`` in bytes of its own size: orjson hands back the
     buffer it wrote in, 4 KiB at least (``ledger.records``), and a thousand
-    of them are held at once."""
-    return bytes(memoryview(orjson.dumps(value)))
+    of them are held at once. A value nested deeper than orjson writes (254
+    levels; the log's reader takes 1024: an edited log's) is written by
+    ``json``, as the report itself is printed."""
+    try:
+        return bytes(memoryview(orjson.dumps(value)))
+    except TypeError:
+        plain = asdict(value) if is_dataclass(value) and not isinstance(value, type) else value
+        return json.dumps(plain, ensure_ascii=False).encode()
 
 
 @contextmanager

@@ -28,9 +28,10 @@ from commands.cli import cli
 from ledger.application import Ledger
 from ledger.domain import Cluster
 from ledger.errors import SpillFailed
-from ledger.model import Allocation
+from ledger.model import RULES, Allocation
+from ledger.records import Record
 from ledger.store import open_store
-from projections.audit import AuditReport, audit
+from projections.audit import Auditor, AuditReport, audit
 from projections.spill import HELD, DoneWith, Findings, Spill
 
 
@@ -261,3 +262,43 @@ def test_an_audits_memory_does_not_grow_with_the_allocations_it_is_done_with(
     # Held in memory, each allocation took about 700 bytes: 6,000 more, 4 MB.
     assert large - small < 100 * 6000, f"peak {small} then {large} bytes"
     assert holding - large > 300 * 6000, f"{holding} bytes holding them, {large} forgetting"
+
+
+def nested(levels: int) -> Any:
+    value: Any = "x"
+    for _ in range(levels):
+        value = [value]
+    return value
+
+
+def test_values_nested_deeper_than_orjson_writes_are_kept_all_the_same() -> None:
+    """An edited log may hold values 1024 levels deep (its reader's limit);
+    orjson writes 254 (helper-h701's review)."""
+    spill = Spill()
+    found = Findings(spill, ("rejections",))
+    found.add("rejections", {"type": nested(300)})
+    found.finish()
+    assert list(found.rows("rejections")) == [{"type": nested(300)}]
+    done = DoneWith(spill)
+    cluster = Cluster(done)
+    alloc = cluster.allocs["a1"] = Allocation(
+        "a1", "n1", job=nested(300), client_status="complete", removed=True)
+    done.forget(cluster, [alloc])
+    assert "a1" not in cluster.allocs
+    assert cluster.allocs["a1"] == alloc
+    spill.close()
+
+
+@pytest.mark.parametrize("forget", [True, False])
+def test_a_report_naming_an_allocation_by_a_number_is_an_unknown_alloc(forget: bool) -> None:
+    """A slot report of an edited log may name an allocation by a number:
+    never placed, so a zombie (helper-h701's review: it raised TypeError)."""
+    auditor = Auditor(1, forget)
+    events = [{"type": "node-registered", "node": "n1", "slots": 1},
+              {"type": "heartbeat", "node": "n1", "slots": [{"slot": 0, "alloc": 7}]}]
+    for position, event in enumerate(events, 1):
+        at = f"2026-01-01T00:00:0{position}.000000Z"
+        auditor.see(Record(position, "t", event | {"at": at}, at, [], None, RULES))
+    rows = list(auditor.finish().rows("zombie_slots"))
+    auditor.spill.close()
+    assert [(row["alloc"], row["reason"]) for row in rows] == [(7, "unknown-alloc")]
