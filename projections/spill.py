@@ -78,9 +78,18 @@ class Spill:
             raise SpillFailed(str(error)) from None
 
     def rows(self, sql: str, parameters: Sequence[Any] = ()) -> Iterator[Any]:
-        """The rows of a query, read as they are taken."""
+        """The rows of a query, read a page at a time as they are taken. (Not
+        ``yield from`` the cursor: a reading left unfinished, its reader gone
+        (``| head``), would close the cursor when collected, after the
+        database, and Python print what that raised.)"""
         with _kept():
-            yield from self.db.execute(sql, parameters)
+            cursor = self.db.execute(sql, parameters)
+        while True:
+            with _kept():
+                page = cursor.fetchmany(HELD)
+            if not page:
+                return
+            yield from page
 
     def write(self, sql: str, rows: Iterable[Sequence[Any]]) -> None:
         """``executemany`` in one transaction."""

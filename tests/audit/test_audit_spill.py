@@ -8,6 +8,7 @@ too full to keep them is one line."""
 from __future__ import annotations
 
 import json
+import subprocess
 import tempfile
 import tracemalloc
 from collections.abc import Iterator
@@ -17,7 +18,7 @@ from typing import Any
 from unittest.mock import patch
 
 import pytest
-from audit_support import StoreUnderTest, history, texts
+from audit_support import CLI, StoreUnderTest, history, texts
 from click.testing import CliRunner
 from hypothesis import HealthCheck, given, settings
 from model_support import Scenario, scenarios
@@ -302,3 +303,25 @@ def test_a_report_naming_an_allocation_by_a_number_is_an_unknown_alloc(forget: b
     rows = list(auditor.finish().rows("zombie_slots"))
     auditor.spill.close()
     assert [(row["alloc"], row["reason"]) for row in rows] == [(7, "unknown-alloc")]
+
+
+@pytest.mark.parametrize("fmt", ["json", "table"])
+def test_a_reader_gone_before_the_findings_are_printed_leaves_no_word(
+    tmp_path: Path, fmt: str,
+) -> None:
+    """``audit | head``: exit 141 and nothing on stderr, as ``cat`` there;
+    the findings left unread in their temporary file said nothing either
+    (their cursor, closed when collected after the file, printed an
+    "Exception ignored" traceback)."""
+    url = f"sqlite:///{tmp_path}/l.db"
+    with Ledger.open(url) as ledger:
+        for _ in ledger.submit_many(flapping(3 * HELD), batch=1000):
+            pass
+    audit_cli = subprocess.Popen(
+        [*CLI, "--store", url, "audit", "--format", fmt],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    assert audit_cli.stdout is not None and audit_cli.stderr is not None
+    audit_cli.stdout.read(100)
+    audit_cli.stdout.close()  # the reader goes, the audit's rows mostly unprinted
+    stderr = audit_cli.stderr.read()
+    assert (audit_cli.wait(timeout=120), stderr) == (141, b"")
