@@ -180,8 +180,10 @@ class Auditor:
         self._addresses(changes, position, at)
         self._nodes(changes, record, position, at)
         done = self.done_with
-        if done is not None and (changes.allocs or done.looked_up):
-            done.forget(self.cluster, changes.allocs)
+        if done is not None and (
+            changes.allocs or done.looked_up or changes.released or done.addresses_looked_up
+        ):
+            done.forget(self.cluster, changes)
 
     def finish(self) -> Findings:
         """What was found, with the episodes still going at the range's end."""

@@ -172,7 +172,7 @@ class Scratch:
                         check_read_whole(
                             progress.position, self.store.read_log(progress.position), end)
                     changes = self.cluster.take_changes()
-                    self.done_with.forget(self.cluster, changes.allocs)
+                    self.done_with.forget(self.cluster, changes)
                     changed = changed_rows(changes)
                     if writing is not None:
                         writing.result()

@@ -23,11 +23,12 @@ import sqlite3
 from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import asdict, is_dataclass
+from itertools import chain
 from typing import Any
 
 import orjson
 
-from ledger.domain import Cluster, EmptySource
+from ledger.domain import Changes, Cluster, EmptySource
 from ledger.errors import SpillFailed
 from ledger.model import Allocation
 
@@ -143,16 +144,18 @@ class Findings:
 
 class DoneWith(EmptySource):
     """The cluster's source for an in-memory replay that lets go of what it
-    is done with: allocations removed (which no event changes again) and
-    names looked up but never placed. ``forget(cluster, changed)`` after each
-    event moves them out of the cluster's memory; a later lookup of one
-    loads it from here (a removed allocation as it was kept; a name never
-    placed as none, as an empty source would)."""
+    is done with: allocations removed (which no event changes again), names
+    looked up but never placed, and addresses released or never held.
+    ``forget(cluster, changes)`` after each event moves them out of the
+    cluster's memory; a later lookup of one loads it from here (a removed
+    allocation as it was kept; a name never placed, an address not held, as
+    none, as an empty source would)."""
 
     def __init__(self, spill: Spill) -> None:
         self.spill = spill
         self._held: dict[str, bytes] = {}  # removed, not yet written
-        self.looked_up: list[str] = []  # names loaded since the last ``forget``
+        self.looked_up: list[str] = []  # allocations loaded since the last ``forget``
+        self.addresses_looked_up: list[str] = []  # addresses loaded since then
         spill.run("CREATE TABLE done_with (alloc TEXT PRIMARY KEY, kept BLOB) WITHOUT ROWID")
 
     def load_alloc(self, alloc: str) -> Allocation | None:
@@ -163,11 +166,15 @@ class DoneWith(EmptySource):
             kept = found[0][0] if found else None
         return None if kept is None else Allocation(**orjson.loads(kept))
 
-    def forget(self, cluster: Cluster, changed: Iterable[Allocation]) -> None:
+    def load_address(self, address: str) -> None:
+        self.addresses_looked_up.append(address)
+
+    def forget(self, cluster: Cluster, changes: Changes) -> None:
         """Move out of ``cluster`` the allocations removed in the last event,
-        and those loaded for it that are removed or were never placed."""
+        and those loaded for it that are removed or were never placed; and
+        let go of the addresses it released or looked up that none holds."""
         allocs = cluster.allocs
-        for alloc in changed:
+        for alloc in changes.allocs:
             if alloc.removed:
                 self._held[alloc.alloc] = packed(alloc)
                 del allocs[alloc.alloc]
@@ -175,6 +182,11 @@ class DoneWith(EmptySource):
             if name in allocs and ((found := allocs[name]) is None or found.removed):
                 del allocs[name]
         self.looked_up = []
+        addresses = cluster.addresses
+        for name in chain(changes.released, self.addresses_looked_up):
+            if name in addresses and addresses[name] is None:
+                del addresses[name]
+        self.addresses_looked_up = []
         if len(self._held) >= HELD:
             self.spill.write("INSERT OR REPLACE INTO done_with VALUES (?, ?)", self._held.items())
             self._held = {}

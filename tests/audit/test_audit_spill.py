@@ -27,7 +27,7 @@ import projections.audit
 import projections.spill
 from commands.cli import cli
 from ledger.application import Ledger
-from ledger.domain import Cluster
+from ledger.domain import Changes, Cluster
 from ledger.errors import SpillFailed
 from ledger.model import RULES, Allocation
 from ledger.records import Record
@@ -81,29 +81,33 @@ def flapping(episodes: int) -> Iterator[dict[str, Any]]:
         yield {"type": "heartbeat", "node": "n1", "slots": []}
 
 
-def audit_peak(path: Path, episodes: int) -> tuple[int, int]:
-    """The audit's zombie slot count and the peak of Python's memory while
-    it ran (``tracemalloc``)."""
+def audit_peak(
+    path: Path, events: Iterator[dict[str, Any]], forget: bool = True,
+) -> tuple[dict[str, Any], int]:
+    """An audit's summary, and the peak of Python's memory while it ran
+    (``tracemalloc``); the events submitted first unless the store is there."""
     url = f"sqlite:///{path}"
-    with Ledger.open(url) as ledger:
-        for _ in ledger.submit_many(flapping(episodes), batch=1000):
-            pass
+    if not path.exists():
+        with Ledger.open(url) as ledger:
+            for _ in ledger.submit_many(events, batch=1000):
+                pass
     store = open_store(url, create=False)
     tracemalloc.start()
     try:
-        report = audit(store)
+        report = audit(store, forget=forget)
         _, peak = tracemalloc.get_traced_memory()
     finally:
         tracemalloc.stop()
         store.close()
-    count = report.summary()["zombie_slots_count"]
+    summary = report.summary()
     report.close()
-    return count, peak
+    return summary, peak
 
 
 def test_an_audits_memory_does_not_grow_with_what_it_finds(tmp_path: Path) -> None:
-    small, small_peak = audit_peak(tmp_path / "small.db", 4000)
-    large, large_peak = audit_peak(tmp_path / "large.db", 16000)
+    small_found, small_peak = audit_peak(tmp_path / "small.db", flapping(4000))
+    large_found, large_peak = audit_peak(tmp_path / "large.db", flapping(16000))
+    small, large = small_found["zombie_slots_count"], large_found["zombie_slots_count"]
     assert (small, large) == (4000, 16000)
     # Held in memory, each finding took about 1,300 bytes: 12,000 more, 16 MB.
     grown = large_peak - small_peak
@@ -159,12 +163,12 @@ def test_a_removed_allocation_leaves_memory_and_comes_back_as_it_was_kept(
     live = Allocation("b", "n1")
     for alloc in [*removed, live]:
         cluster.allocs[alloc.alloc] = alloc
-    done.forget(cluster, [*removed, live])
+    done.forget(cluster, Changes(allocs=[*removed, live]))
     assert list(cluster.allocs) == ["b"]
     assert spill.run("SELECT alloc FROM done_with ORDER BY alloc") == [("a0",), ("a1",), ("a2",)]
     assert [cluster.allocs[f"a{i}"] for i in range(3)] == removed  # loaded again
     assert cluster.allocs["never"] is None
-    done.forget(cluster, [])  # what was loaded for an event goes again after it
+    done.forget(cluster, Changes())  # what was loaded for an event goes again after it
     assert list(cluster.allocs) == ["b"]
     spill.close()
 
@@ -173,7 +177,7 @@ def test_an_allocation_removed_since_the_last_write_is_found_all_the_same() -> N
     done = DoneWith(Spill())
     cluster = Cluster(done)
     alloc = cluster.allocs["a1"] = Allocation("a1", "n1", client_status="failed", removed=True)
-    done.forget(cluster, [alloc])
+    done.forget(cluster, Changes(allocs=[alloc]))
     assert done.spill.run("SELECT COUNT(*) FROM done_with") == [(0,)]  # held, not yet written
     assert cluster.allocs["a1"] == alloc
     done.spill.close()
@@ -236,30 +240,12 @@ def placed_and_removed(allocs: int) -> Iterator[dict[str, Any]]:
         yield {"type": "alloc-removed", "alloc": alloc}
 
 
-def replay_peak(path: Path, allocs: int, forget: bool) -> int:
-    url = f"sqlite:///{path}"
-    if not path.exists():
-        with Ledger.open(url) as ledger:
-            for _ in ledger.submit_many(placed_and_removed(allocs), batch=1000):
-                pass
-    store = open_store(url, create=False)
-    tracemalloc.start()
-    try:
-        report = audit(store, forget=forget)
-        _, peak = tracemalloc.get_traced_memory()
-    finally:
-        tracemalloc.stop()
-        store.close()
-    report.close()
-    return peak
-
-
 def test_an_audits_memory_does_not_grow_with_the_allocations_it_is_done_with(
     tmp_path: Path,
 ) -> None:
-    small = replay_peak(tmp_path / "small.db", 2000, forget=True)
-    large = replay_peak(tmp_path / "large.db", 8000, forget=True)
-    holding = replay_peak(tmp_path / "large.db", 8000, forget=False)
+    _, small = audit_peak(tmp_path / "small.db", placed_and_removed(2000))
+    _, large = audit_peak(tmp_path / "large.db", placed_and_removed(8000))
+    _, holding = audit_peak(tmp_path / "large.db", placed_and_removed(8000), forget=False)
     # Held in memory, each allocation took about 700 bytes: 6,000 more, 4 MB.
     assert large - small < 100 * 6000, f"peak {small} then {large} bytes"
     assert holding - large > 300 * 6000, f"{holding} bytes holding them, {large} forgetting"
@@ -284,7 +270,7 @@ def test_values_nested_deeper_than_orjson_writes_are_kept_all_the_same() -> None
     cluster = Cluster(done)
     alloc = cluster.allocs["a1"] = Allocation(
         "a1", "n1", job=nested(300), client_status="complete", removed=True)
-    done.forget(cluster, [alloc])
+    done.forget(cluster, Changes(allocs=[alloc]))
     assert "a1" not in cluster.allocs
     assert cluster.allocs["a1"] == alloc
     spill.close()
