@@ -24,6 +24,7 @@ from hypothesis import HealthCheck, given, settings
 from model_support import Scenario, scenarios
 
 import projections.audit
+import projections.replay
 import projections.spill
 from commands.cli import cli
 from ledger.application import Ledger
@@ -33,6 +34,7 @@ from ledger.model import RULES, Allocation
 from ledger.records import Record
 from ledger.store import open_store
 from projections.audit import Auditor, AuditReport, audit
+from projections.replay import replay
 from projections.spill import HELD, DoneWith, Findings, Spill
 
 
@@ -151,19 +153,21 @@ def test_the_command_says_in_one_line_when_the_disk_is_too_full(
          "nothing was changed")]
 
 
-def test_a_removed_allocation_leaves_memory_and_comes_back_as_it_was_kept(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    monkeypatch.setattr(projections.spill, "HELD", 2)  # written at the second
+def test_a_removed_allocation_leaves_memory_and_comes_back_as_it_was_kept() -> None:
     spill = Spill()
-    done = DoneWith(spill)
+    done = DoneWith(spill, keep=3)
     cluster = Cluster(done)
     removed = [Allocation(f"a{i}", "n1", slot=i, addresses=[f"10.0.0.{i}"],
                           client_status="complete", removed=True) for i in range(3)]
     live = Allocation("b", "n1")
     for alloc in [*removed, live]:
         cluster.allocs[alloc.alloc] = alloc
-    done.forget(cluster, Changes(allocs=[*removed, live]))
+    done.forget(cluster, Changes(allocs=[removed[0], live]))
+    done.forget(cluster, Changes(allocs=[removed[1]]))
+    assert list(cluster.allocs) == ["a0", "a1", "a2", "b"]  # fewer than ``keep``: held
+    assert spill.run("SELECT COUNT(*) FROM done_with") == [(0,)]
+    assert cluster.allocs["never"] is None  # (the file is not read before a move)
+    done.forget(cluster, Changes(allocs=[removed[2]]))  # the third: all three moved
     assert list(cluster.allocs) == ["b"]
     assert spill.run("SELECT alloc FROM done_with ORDER BY alloc") == [("a0",), ("a1",), ("a2",)]
     assert [cluster.allocs[f"a{i}"] for i in range(3)] == removed  # loaded again
@@ -173,13 +177,14 @@ def test_a_removed_allocation_leaves_memory_and_comes_back_as_it_was_kept(
     spill.close()
 
 
-def test_an_allocation_removed_since_the_last_write_is_found_all_the_same() -> None:
+def test_released_addresses_and_names_never_placed_are_let_go_at_once() -> None:
     done = DoneWith(Spill())
     cluster = Cluster(done)
-    alloc = cluster.allocs["a1"] = Allocation("a1", "n1", client_status="failed", removed=True)
-    done.forget(cluster, Changes(allocs=[alloc]))
-    assert done.spill.run("SELECT COUNT(*) FROM done_with") == [(0,)]  # held, not yet written
-    assert cluster.allocs["a1"] == alloc
+    cluster.addresses["10.0.0.1"] = None  # released by the event
+    assert cluster.addresses["10.0.0.2"] is None  # looked up, held by none
+    assert cluster.allocs["never"] is None
+    done.forget(cluster, Changes(released=["10.0.0.1"]))
+    assert (dict(cluster.addresses), dict(cluster.allocs)) == ({}, {})
     done.spill.close()
 
 
@@ -193,7 +198,8 @@ def the_whole(report: AuditReport) -> dict[str, Any]:
 def test_an_audit_that_forgets_reports_what_one_holding_everything_does(
     under_test: StoreUnderTest, monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setattr(projections.spill, "HELD", 3)  # both written many times over
+    monkeypatch.setattr(projections.spill, "HELD", 3)  # findings written many times over
+    monkeypatch.setattr(projections.spill, "KEEP", 3)  # removed allocations moved as often
     with Ledger.open(under_test.url) as ledger:
         list(ledger.submit_many(texts(history(4000, nodes=30, seed=7)), batch=500))
     store = open_store(under_test.url)
@@ -220,6 +226,7 @@ def test_any_stream_audits_alike_forgetting_or_holding(scenario: Scenario) -> No
     with (
         tempfile.TemporaryDirectory() as directory,
         patch.object(projections.spill, "HELD", 1),
+        patch.object(projections.spill, "KEEP", 1),
         Ledger.open(f"sqlite:///{directory}/l.db") as ledger,
     ):
         for _ in ledger.submit_many([step.submission for step in scenario.steps], batch=7):
@@ -241,8 +248,9 @@ def placed_and_removed(allocs: int) -> Iterator[dict[str, Any]]:
 
 
 def test_an_audits_memory_does_not_grow_with_the_allocations_it_is_done_with(
-    tmp_path: Path,
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
 ) -> None:
+    monkeypatch.setattr(projections.spill, "KEEP", 500)  # at most 500 held at once
     _, small = audit_peak(tmp_path / "small.db", placed_and_removed(2000))
     _, large = audit_peak(tmp_path / "large.db", placed_and_removed(8000))
     _, holding = audit_peak(tmp_path / "large.db", placed_and_removed(8000), forget=False)
@@ -266,7 +274,7 @@ def test_values_nested_deeper_than_orjson_writes_are_kept_all_the_same() -> None
     found.add("rejections", {"type": nested(300)})
     found.finish()
     assert list(found.rows("rejections")) == [{"type": nested(300)}]
-    done = DoneWith(spill)
+    done = DoneWith(spill, keep=1)
     cluster = Cluster(done)
     alloc = cluster.allocs["a1"] = Allocation(
         "a1", "n1", job=nested(300), client_status="complete", removed=True)
@@ -311,3 +319,32 @@ def test_a_reader_gone_before_the_findings_are_printed_leaves_no_word(
     audit_cli.stdout.close()  # the reader goes, the audit's rows mostly unprinted
     stderr = audit_cli.stderr.read()
     assert (audit_cli.wait(timeout=120), stderr) == (141, b"")
+
+
+def test_a_replay_that_moves_removed_allocations_to_the_file_finds_no_difference(
+    under_test: StoreUnderTest, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """``alloc-ledger replay`` lets go of removed allocations a chunk at a
+    time (here three at a time, from a chunk of 500 events), and the
+    scratch tables it writes still equal the live ones."""
+    monkeypatch.setattr(projections.spill, "KEEP", 3)
+    monkeypatch.setattr(projections.replay, "CHUNK", 500)
+    moves: list[int] = []
+    move = DoneWith.move
+
+    def counted(self: DoneWith, cluster: Cluster) -> None:
+        moves.append(len(self._removed))
+        move(self, cluster)
+
+    monkeypatch.setattr(DoneWith, "move", counted)
+    with Ledger.open(under_test.url) as ledger:
+        list(ledger.submit_many(texts(history(4000, nodes=30, seed=7)), batch=500))
+        ledger.project()
+    store = open_store(under_test.url)
+    try:
+        report = replay(store)
+    finally:
+        store.close()
+    assert report.ok, [difference.as_dict() for difference in report.differences]
+    assert report.position == report.head == 4000
+    assert len(moves) > 3 and sum(moves) > 20, moves
