@@ -143,12 +143,8 @@ class Auditor:
         """``forget``: keep what the replay is done with on disk (``DoneWith``)."""
         self.start = start
         self.spill = Spill()
-        try:
-            self.found = Findings(self.spill, SECTIONS)
-            self.done_with = DoneWith(self.spill) if forget else None
-        except BaseException:
-            self.spill.close()
-            raise
+        self.found = Findings(self.spill, SECTIONS)
+        self.done_with = DoneWith(self.spill) if forget else None
         self.cluster = Cluster(self.done_with)
         self.open: dict[str, dict[Any, Episode]] = {
             name: {} for name in ("reconnects", "zombie_slots", "releasing_addresses", "suspects")

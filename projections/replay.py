@@ -126,15 +126,12 @@ class Scratch:
         self.prefix = prefix
         self.sql = Statements(store.param, prefix)
         # Replayed from position 0 into new tables, with every entity kept in
-        # memory but what it is done with (removed allocations, names never
-        # placed), kept in a temporary file after each chunk and loaded from
-        # there again when named: what neither holds, the tables do not either.
+        # memory but what it is done with: removed allocations, moved to a
+        # temporary file (``DoneWith``) and loaded from there again when
+        # named; names never placed and addresses released, let go. What
+        # neither holds, the tables do not either.
         self.spill = Spill()
-        try:
-            self.done_with = DoneWith(self.spill)
-        except BaseException:
-            self.spill.close()
-            raise
+        self.done_with = DoneWith(self.spill)
         self.cluster = Cluster(self.done_with)
         self.position = 0
         self.seconds = 0.0

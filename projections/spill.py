@@ -62,9 +62,17 @@ def _kept() -> Iterator[None]:
         raise SpillFailed(str(error)) from None
 
 
+# The file's tables, made with it: a ``Findings`` or ``DoneWith`` on it
+# then makes nothing that could fail half made.
+TABLES = (
+    "CREATE TABLE found (section INTEGER, started INTEGER, name TEXT, row BLOB)",
+    "CREATE TABLE done_with (alloc TEXT PRIMARY KEY, kept BLOB) WITHOUT ROWID",
+)
+
+
 class Spill:
-    """A private temporary SQLite database (``max_pages``: its size limit, in
-    pages: a disk that fills, for tests)."""
+    """A private temporary SQLite database, with its tables (``max_pages``:
+    its size limit, in pages: a disk that fills, for tests)."""
 
     def __init__(self, max_pages: int | None = None) -> None:
         with _kept():
@@ -74,6 +82,8 @@ class Spill:
                 self.db.execute("PRAGMA journal_mode = OFF")  # nothing to roll back to
                 if max_pages is not None:
                     self.db.execute(f"PRAGMA max_page_count = {int(max_pages)}")
+                for table in TABLES:
+                    self.db.execute(table)
             except sqlite3.Error:
                 self.db.close()
                 raise
@@ -118,7 +128,6 @@ class Findings:
         self.sections = {name: index for index, name in enumerate(sections)}
         self.counts = dict.fromkeys(sections, 0)
         self._held: list[tuple[int, int, str, bytes]] = []
-        spill.run("CREATE TABLE found (section INTEGER, started INTEGER, name TEXT, row BLOB)")
         self._ordered = False
 
     def add(self, section: str, row: dict[str, Any], started: int = 0, name: str = "") -> None:
@@ -167,7 +176,6 @@ class DoneWith(EmptySource):
         self._moved = False  # some are in the file
         self.looked_up: list[str] = []  # allocations loaded since the last ``forget``
         self.addresses_looked_up: list[str] = []  # addresses loaded since then
-        spill.run("CREATE TABLE done_with (alloc TEXT PRIMARY KEY, kept BLOB) WITHOUT ROWID")
 
     def load_alloc(self, alloc: str) -> Allocation | None:
         self.looked_up.append(alloc)
