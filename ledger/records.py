@@ -64,12 +64,17 @@ def encode(record: Record) -> LoggedEvent:
         state["reason"] = record.reason
     if record.rules != 1:  # as version 1 kept it: without
         state["rules"] = record.rules
-    # A copy of its exact size: orjson (3.13) hands back its bytes in the
-    # buffer it wrote them in, 4 KiB at least (a 150-byte event took 4 KiB,
-    # a 37 KB slot report 260 KB), and a batch's kept events are held while
-    # it is written and the next decided: 200,000 simulated events peaked at
-    # 170–185 MB, 149 MB with the copy, no slower (docs/performance.md).
-    return logged((record.position, record.topic, bytes(memoryview(orjson.dumps(state)))))
+    return logged((record.position, record.topic, dumped(state)))
+
+
+def dumped(value: Any) -> bytes:
+    """``orjson.dumps`` in a copy of its exact size: orjson (3.13) hands back
+    its bytes in the buffer it wrote them in, 4 KiB at least (a 150-byte
+    event took 4 KiB, a 37 KB slot report 260 KB), and many are held at
+    once (a batch's kept events while it is written and the next decided:
+    200,000 simulated events peaked at 170–185 MB, 149 MB with the copy, no
+    slower; docs/performance.md)."""
+    return bytes(memoryview(orjson.dumps(value)))
 
 
 def decode(stored: Kept) -> Record:

@@ -31,6 +31,7 @@ import orjson
 from ledger.domain import Changes, Cluster, EmptySource
 from ledger.errors import SpillFailed
 from ledger.model import Allocation
+from ledger.records import dumped
 
 HELD = 1000  # findings gathered before they are written at once
 # Removed allocations held in memory before they are moved to the file at
@@ -42,13 +43,11 @@ KEEP = 10_000
 
 
 def packed(value: Any) -> bytes:
-    """``orjson.dumps`` in bytes of its own size: orjson hands back the
-    buffer it wrote in, 4 KiB at least (``ledger.records``), and a thousand
-    of them are held at once. A value nested deeper than orjson writes (254
-    levels; the log's reader takes 1024: an edited log's) is written by
-    ``json``, as the report itself is printed."""
+    """``dumped`` (a thousand are held at once); a value nested deeper than
+    orjson writes (254 levels; the log's reader takes 1024: an edited log's)
+    written by ``json``, as the report itself is printed."""
     try:
-        return bytes(memoryview(orjson.dumps(value)))
+        return dumped(value)
     except TypeError:
         plain = asdict(value) if is_dataclass(value) and not isinstance(value, type) else value
         return json.dumps(plain, ensure_ascii=False).encode()
