@@ -197,13 +197,14 @@ def _print(report: AuditReport, fmt: str) -> None:
             found = ({"section": section} | row for row in report.rows(section))
             emit(found, ("section",) + AUDIT_COLUMNS[section], "jsonl")
         return
+    summary = report.summary()
     sections = {section: Rows(partial(report.rows, section)) for section in SECTIONS}
     if fmt == "json":
-        emit_object(report.summary() | sections, "json")
+        emit_object(summary | sections, "json")
         return
-    emit_object(report.summary(), "table")
+    emit_object(summary, "table")
     for section, rows in sections.items():
-        echo(f"\n{section.replace('_', ' ')} ({report.findings.counts[section]}):")
+        echo(f"\n{section.replace('_', ' ')} ({summary[f'{section}_count']}):")
         emit(rows, AUDIT_COLUMNS[section], "table")
 
 
